@@ -1,0 +1,55 @@
+"""The ``ftpbc`` command.
+
+Subcommands are imported only when invoked (``LAZY_COMMANDS``), so ``ftpbc --help`` and quick
+commands never pay for importing Spark or paramiko.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from ftpbc.errors import FtpbcError
+
+#: command name -> "module:attribute" of a click command.
+LAZY_COMMANDS: dict[str, str] = {
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = LAZY_COMMANDS.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        module_name, attr = target.split(":")
+        command = getattr(importlib.import_module(module_name), attr)
+        assert isinstance(command, click.Command)
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ftpbc")
+def cli() -> None:
+    """Exchange messages through files on FTP, FTPS, SFTP servers or shared directories."""
+
+
+def main() -> None:
+    """Entry point: any FtpbcError becomes one line on stderr and exit status 2."""
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except FtpbcError as exc:
+        click.echo(f"ftpbc: error: {exc}", err=True)
+        sys.exit(getattr(exc, "exit_code", 2))

@@ -1,0 +1,144 @@
+"""Server definitions: where a message exchange area lives and how to log in to it.
+
+A server is declared by a URL plus where its secret comes from::
+
+    partner:
+      url: ftp://app@127.0.0.1:2121/base     # ftp, ftps, sftp or file
+      password_env: PARTNER_PASSWORD          # or password_file: /run/secrets/partner
+
+Secrets are never written in the URL (a URL with a password is refused, because URLs end up in
+logs).  They are read when the configuration loads, kept as :class:`pydantic.SecretStr`, and
+never appear in ``repr``, ``str``, error messages or log lines.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+Scheme = Literal["ftp", "ftps", "sftp", "file"]
+
+DEFAULT_PORTS: dict[str, int] = {"ftp": 21, "ftps": 21, "sftp": 22, "file": 0}
+
+
+class ServerConfig(BaseModel):
+    """One server, immutable once loaded.  Build it from YAML or with :meth:`from_url`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "server"
+    url: str
+    password_env: str | None = None
+    password_file: Path | None = None
+    key_file: Path | None = None
+    known_hosts: Path | None = None
+    #: Accept and remember an SFTP host key that is not in known_hosts.  Off by default: an
+    #: unknown key is refused, because accepting it silently defeats the point of host keys.
+    auto_accept_host_keys: bool = False
+    #: FTPS: "explicit" (AUTH TLS on the plain port) or "implicit" (TLS from the first byte).
+    tls: Literal["explicit", "implicit"] = "explicit"
+    ca_file: Path | None = None
+    verify_tls: bool = True
+    passive: bool = True
+    timeout: float = Field(default=30.0, gt=0)
+    pool_size: int = Field(default=4, ge=1, le=64)
+
+    # Derived from url and the secret sources by the validator below; not to be set in YAML.
+    scheme: Scheme = "ftp"
+    host: str = ""
+    port: int = 0
+    user: str = ""
+    base: str = "/"
+    password: SecretStr | None = Field(default=None, repr=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for derived in ("scheme", "host", "port", "user", "base", "password"):
+            if derived in data:
+                raise ValueError(f"'{derived}' is derived from url; set it in the url instead")
+        data = dict(data)
+        url = data.get("url")
+        if not isinstance(url, str):
+            return data  # pydantic reports the missing or mistyped url
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme not in DEFAULT_PORTS:
+            raise ValueError(f"unknown URL scheme {parts.scheme!r} in {url!r} (expected ftp, ftps, sftp or file)")
+        if parts.password is not None:
+            raise ValueError(
+                f"the url {_redact(url)!r} carries a password; use password_env or password_file instead")
+        data["scheme"] = scheme
+        if scheme == "file":
+            if parts.netloc not in ("", "localhost"):
+                raise ValueError(f"file URL {url!r} must not name a host (use file:///absolute/path)")
+            data["base"] = unquote(parts.path) or "/"
+            data["host"] = "localhost"
+            return data
+        if not parts.hostname:
+            raise ValueError(f"url {url!r} names no host")
+        data["host"] = parts.hostname
+        try:
+            data["port"] = parts.port or DEFAULT_PORTS[scheme]
+        except ValueError as exc:
+            raise ValueError(f"url {url!r}: bad port") from exc
+        data["user"] = unquote(parts.username) if parts.username else "anonymous"
+        data["base"] = unquote(parts.path) or "/"
+        data["password"] = _read_secret(data, scheme)
+        return data
+
+    @property
+    def display(self) -> str:
+        """``scheme://user@host:port`` for messages and logs; never holds the password."""
+        if self.scheme == "file":
+            return f"file://{self.base}"
+        return f"{self.scheme}://{self.user}@{self.host}:{self.port}"
+
+    def password_value(self) -> str:
+        """The password in clear, for handing to a login call and nothing else."""
+        return self.password.get_secret_value() if self.password is not None else ""
+
+    @classmethod
+    def from_url(cls, url: str, *, password: str | None = None, **options: Any) -> ServerConfig:
+        """Build a config in code (tests, the demo); ``password`` is taken as given."""
+        cfg = cls.model_validate({"url": url, **options})
+        if password is None:
+            return cfg
+        return cfg.model_copy(update={"password": SecretStr(password)})
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.display})"
+
+
+def _read_secret(data: dict[str, Any], scheme: str) -> SecretStr | None:
+    env = data.get("password_env")
+    file = data.get("password_file")
+    if env and file:
+        raise ValueError("set password_env or password_file, not both")
+    if env:
+        value = os.environ.get(str(env))
+        if value is None:
+            raise ValueError(f"password_env: environment variable {env!r} is not set")
+        return SecretStr(value)
+    if file:
+        path = Path(str(file)).expanduser()
+        try:
+            # One trailing newline is how editors and `echo` save a secret; it is not part of it.
+            return SecretStr(path.read_text(encoding="utf-8").rstrip("\r\n"))
+        except OSError as exc:
+            raise ValueError(f"password_file: cannot read {str(path)!r}: {exc.strerror}") from None
+    return None
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return parts._replace(netloc=netloc).geturl()

@@ -1,0 +1,164 @@
+"""Every exception ftpbc raises, in one short hierarchy.
+
+Low-level errors (``ftplib.error_perm``, ``socket.timeout``, ``paramiko.SSHException``,
+``OSError``...) never escape a transport: each implementation translates them at its boundary
+(see ``ftpbc.transport.errormap``) into one of the classes below, so the protocol code above the
+transport reasons about *what happened*, not about which library said it.
+
+Two properties hold for every message built here:
+
+* it names the server (``scheme://user@host:port``, never a password) and the path involved;
+* it says whether the operation may have happened.  :class:`OutcomeUnknown` is reserved for a
+  command that was sent but whose reply never arrived: a lost reply to ``RNTO`` must not be taken
+  for a failure, because the file may already have moved.
+"""
+
+from __future__ import annotations
+
+
+class FtpbcError(Exception):
+    """Base class of every error ftpbc raises on purpose."""
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+class ConfigError(FtpbcError):
+    """A configuration file or value is invalid.
+
+    ``str(err)`` is one line naming the file, the line and the key path when they are known,
+    e.g. ``ftpbc.yaml:14: endpoints.quote.poll_interval: expected a number, got 'fast'``.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 key: str | None = None) -> None:
+        self.file = file
+        self.line = line
+        self.key = key
+        self.reason = message
+        where = ""
+        if file is not None:
+            where = f"{file}:{line}: " if line is not None else f"{file}: "
+        what = f"{key}: " if key else ""
+        super().__init__(f"{where}{what}{message}")
+
+
+class PatternError(ConfigError):
+    """A file-name pattern is malformed; the message names the pattern and the column."""
+
+    def __init__(self, pattern: str, column: int, expected: str) -> None:
+        self.pattern = pattern
+        self.column = column
+        super().__init__(f"pattern {pattern!r}, column {column}: {expected}")
+
+
+class UnsafeNameError(ConfigError):
+    """A file name or path would escape its directory (``/``, ``..``, NUL, empty)."""
+
+
+class SequenceError(FtpbcError):
+    """A persisted sequence file is unreadable or does not hold a number."""
+
+
+class JournalError(FtpbcError):
+    """The journal cannot be written or read; the node must not go on without it."""
+
+
+# --------------------------------------------------------------------------- transport
+
+
+class TransportError(FtpbcError):
+    """A remote operation failed.  ``server`` and ``path`` say where.
+
+    ``may_have_happened`` is False for every subclass except :class:`OutcomeUnknown`: when it is
+    False the server did not apply the operation (it refused it, or it was never sent).
+    """
+
+    may_have_happened = False
+
+    def __init__(self, message: str, *, server: str = "", path: str = "") -> None:
+        self.server = server
+        self.path = path
+        self.reason = message
+        parts = [p for p in (server, path) if p]
+        where = " ".join(parts)
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class NotFound(TransportError):
+    """The path does not exist."""
+
+
+class SourceGone(NotFound):
+    """A rename's source no longer exists: typically a competing consumer claimed it first.
+
+    This is the normal outcome of losing a claim race and should be handled quietly.
+    """
+
+
+class AlreadyExists(TransportError):
+    """The target exists and the operation does not replace it."""
+
+
+class PermissionDenied(TransportError):
+    """The server refused the operation for lack of rights."""
+
+
+class AuthenticationFailed(TransportError):
+    """Login was refused (wrong user, password or key)."""
+
+
+class HostKeyRejected(AuthenticationFailed):
+    """The SFTP server's host key is not in known_hosts (or differs from it)."""
+
+
+class TLSFailed(TransportError):
+    """The TLS handshake or certificate verification failed."""
+
+
+class ConnectFailed(TransportError):
+    """No connection could be established (refused, unreachable, DNS)."""
+
+
+class ConnectionLost(TransportError):
+    """The connection dropped before the command was sent; the operation did not happen."""
+
+
+class TransportTimeout(TransportError):
+    """The server did not answer in time before the command took effect."""
+
+
+class OutcomeUnknown(TransportError):
+    """The command was sent but no reply came: the operation may or may not have happened.
+
+    Callers must find out from the server's state (does the target exist?) before acting.
+    """
+
+    may_have_happened = True
+
+
+class ProtocolError(TransportError):
+    """The server answered something this client cannot interpret."""
+
+
+# --------------------------------------------------------------------------- messaging
+
+
+class RequestTimeout(FtpbcError):
+    """No response arrived within the request's timeout."""
+
+    def __init__(self, endpoint: str, request_file: str, timeout: float) -> None:
+        self.endpoint = endpoint
+        self.request_file = request_file
+        self.timeout = timeout
+        super().__init__(f"endpoint {endpoint!r}: no response to {request_file} within {timeout:g} s")
+
+
+class RemoteHandlerError(FtpbcError):
+    """The provider's handler raised; ``reason`` is what it reported in the error reply."""
+
+    def __init__(self, endpoint: str, request_file: str, reason: str) -> None:
+        self.endpoint = endpoint
+        self.request_file = request_file
+        self.reason = reason
+        super().__init__(f"endpoint {endpoint!r}: handler failed on {request_file}: {reason}")

@@ -1,0 +1,152 @@
+"""The transport interface: the handful of storage primitives the message lifecycle is built on.
+
+Everything ftpbc does to a server goes through :class:`Transport`.  Implementations:
+FTP and FTPS (``ftp.py``), SFTP (``sftp.py``) and a local or NFS directory (``local.py``).
+
+Paths
+    Every path is absolute and POSIX-style (``/exchange/quote/inbox/req.x``), and is resolved
+    under the *base directory* of the server's URL (``ftp://host/base`` or ``file:///srv/x``), so
+    ``/`` is the base.  A path with a ``..`` segment or a NUL byte is refused with
+    :class:`~ftpbc.errors.UnsafeNameError` before anything is sent.
+
+Timeouts
+    Every operation takes ``timeout`` (seconds).  ``None`` means the server's configured default.
+    A timeout before the command was sent raises :class:`~ftpbc.errors.TransportTimeout`; after it
+    was sent (no reply), :class:`~ftpbc.errors.OutcomeUnknown`.
+
+The rename contract (the same for every implementation)
+    ``rename(src, dst)`` moves ``src`` to ``dst`` in one step: afterwards either ``src`` is still
+    where it was and ``dst`` untouched, or ``dst`` holds the former ``src``.
+
+    * If ``src`` does not exist, :class:`~ftpbc.errors.SourceGone` is raised.  This is how a
+      consumer learns it lost a claim race; it is not an error worth logging.
+    * If ``dst`` already exists, it is **replaced**.  POSIX servers do this atomically
+      (pyftpdlib, vsftpd, OpenSSH's ``posix-rename@openssh.com``, ``os.replace``).  On an SFTP
+      server without ``posix-rename`` the implementation removes ``dst`` first, so a crash between
+      the two steps leaves ``src`` in place and the old ``dst`` gone: the old target can be lost,
+      never the file being moved.  ftpbc's own names never collide (they carry a UUID or a node
+      identity), and ``protect`` moves an existing target aside before exposing, so replacement
+      only ever happens on purpose.
+    * A rename whose reply is lost raises :class:`~ftpbc.errors.OutcomeUnknown`; callers decide
+      from the server's state whether it happened.
+
+What is *not* guaranteed
+    ``list`` is a snapshot: files may appear or vanish right after it.  ``mtime`` has the
+    precision the server gives (seconds with MLSD or SFTP, minutes with some LIST formats) and
+    may be ``None`` when the server gives none.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import datetime
+from typing import BinaryIO
+
+from ftpbc.errors import NotFound, UnsafeNameError
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One directory entry.  ``mtime`` is timezone-aware UTC, or None when unknown."""
+
+    name: str
+    size: int
+    mtime: datetime | None
+    is_dir: bool
+
+
+class Transport(ABC):
+    """Storage primitives on one server.  Implementations are safe to share between threads."""
+
+    #: Display name of the server, ``scheme://user@host:port`` (never a password).
+    server: str
+
+    @abstractmethod
+    def list(self, path: str, *, timeout: float | None = None) -> list[Entry]:
+        """Entries of directory ``path`` (without ``.`` and ``..``).  NotFound if it is missing."""
+
+    @abstractmethod
+    def put(self, path: str, stream: BinaryIO, *, timeout: float | None = None) -> int:
+        """Write ``stream`` (read to its end, in chunks) to file ``path``; return bytes written.
+
+        The file is replaced if it exists.  Readers may see a partial file while it is written:
+        that is why the lifecycle always puts into a stage directory and renames into place.
+        """
+
+    @abstractmethod
+    def get(self, path: str, stream: BinaryIO, *, timeout: float | None = None) -> int:
+        """Copy file ``path`` into ``stream`` in chunks; return bytes read.  NotFound if missing."""
+
+    @abstractmethod
+    def rename(self, src: str, dst: str, *, timeout: float | None = None) -> None:
+        """Move ``src`` to ``dst`` under the rename contract in this module's docstring."""
+
+    @abstractmethod
+    def delete(self, path: str, *, timeout: float | None = None) -> None:
+        """Remove file ``path``.  NotFound if it does not exist."""
+
+    @abstractmethod
+    def mkdir(self, path: str, *, timeout: float | None = None) -> None:
+        """Create directory ``path`` and any missing parents; an existing directory is fine."""
+
+    @abstractmethod
+    def stat(self, path: str, *, timeout: float | None = None) -> Entry:
+        """The entry for ``path``.  NotFound if it does not exist."""
+
+    def exists(self, path: str, *, timeout: float | None = None) -> bool:
+        try:
+            self.stat(path, timeout=timeout)
+        except NotFound:
+            return False
+        return True
+
+    def close(self) -> None:  # noqa: B027 - optional for implementations without resources
+        """Release connections.  The transport must not be used afterwards."""
+
+    def __enter__(self) -> Transport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- path safety
+
+
+def check_name(name: str, *, what: str = "file name") -> str:
+    """Return ``name`` if it is a bare file name; raise UnsafeNameError naming it otherwise.
+
+    A bare name has no ``/`` or ``\\``, is not ``.`` or ``..``, is not empty and has no NUL or
+    line break (a line break would corrupt FTP's line-based protocol and the journal).
+    """
+    bad = (
+        not name
+        or name in (".", "..")
+        or any(c in name for c in "/\\\0\r\n")
+    )
+    if bad:
+        raise UnsafeNameError(f"{what} {name!r} is not a bare file name (no '/', '..', NUL or newline)")
+    return name
+
+
+def normalize(path: str) -> str:
+    """Normalise an absolute remote path; refuse ``..`` segments, NUL and line breaks.
+
+    ``..`` is refused rather than resolved: a path that climbs is never what a configuration
+    or a message name should produce, and resolving it could leave the base directory.
+    """
+    if any(c in path for c in "\0\r\n"):
+        raise UnsafeNameError(f"path {path!r} contains a NUL or line break")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise UnsafeNameError(f"path {path!r} contains '..'")
+    return "/" + "/".join(parts)
+
+
+def join(directory: str, *names: str) -> str:
+    """``directory`` joined with bare names, each checked by :func:`check_name`."""
+    for n in names:
+        check_name(n)
+    return normalize(posixpath.join(directory, *names))

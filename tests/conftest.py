@@ -1,0 +1,4 @@
+"""Fixtures for real servers live in tests/servers/; each module is a pytest plugin."""
+
+pytest_plugins = [
+]
