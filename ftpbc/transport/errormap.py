@@ -1,0 +1,152 @@
+"""Translate library exceptions into :mod:`ftpbc.errors` at a transport's boundary.
+
+In the manner of httpcore's ``map_exceptions``: a transport wraps each remote step in one of the
+context managers below, and whatever ``socket``, ``ssl``, ``ftplib`` or the OS raises leaves as a
+:class:`~ftpbc.errors.TransportError` naming the server and the path.
+
+The one distinction that matters to callers is *whether the command reached the server*.  A
+transport records it in a :class:`Progress` (``progress.sent = True`` right after the command's
+bytes were handed to the socket); a failure afterwards becomes
+:class:`~ftpbc.errors.OutcomeUnknown` (the operation may have happened), before it
+:class:`~ftpbc.errors.TransportTimeout` or :class:`~ftpbc.errors.ConnectionLost` (it did not).
+While ``connecting=True`` (TCP connect, TLS handshake, login) every network failure is
+:class:`~ftpbc.errors.ConnectFailed` or :class:`~ftpbc.errors.TLSFailed`.
+
+Public API (stable; the SFTP transport reuses the first three):
+
+* :class:`Progress` - the mutable "was it sent?" flag;
+* :func:`translate_os_error` - one ``OSError``/``EOFError`` (timeouts, resets, refusals, TLS) to
+  a TransportError;
+* :func:`map_os_errors` - context manager applying :func:`translate_os_error`;
+* :func:`translate_ftp_reply` / :func:`map_ftp_errors` - the same plus ``ftplib``'s reply errors.
+
+Messages carry the server's reply text, the server display name and the path; never a password
+(no caller passes one, and FTP servers do not echo ``PASS``).
+"""
+
+from __future__ import annotations
+
+import ftplib
+import socket
+import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from ftpbc.errors import (
+    AlreadyExists,
+    AuthenticationFailed,
+    ConnectFailed,
+    ConnectionLost,
+    NotFound,
+    OutcomeUnknown,
+    PermissionDenied,
+    ProtocolError,
+    TLSFailed,
+    TransportError,
+    TransportTimeout,
+)
+
+
+@dataclass
+class Progress:
+    """Whether the current command has been sent.  Set ``sent`` right after the send succeeds."""
+
+    sent: bool = False
+
+
+def translate_os_error(exc: BaseException, *, server: str, path: str = "", sent: bool = False,
+                       connecting: bool = False) -> TransportError:
+    """The TransportError for a network-level failure ``exc`` (OSError, EOFError, ssl errors).
+
+    ``connecting``: the failure happened while establishing the session (connect, TLS, login).
+    ``sent``: the command had been sent; its effect is therefore unknown.
+    """
+    detail = _describe(exc)
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return TLSFailed(f"TLS certificate verification failed: {exc.verify_message or detail}",
+                         server=server, path=path)
+    if connecting:
+        if isinstance(exc, ssl.SSLError):
+            return TLSFailed(f"TLS handshake failed: {detail}", server=server, path=path)
+        if isinstance(exc, TimeoutError):
+            return ConnectFailed("timed out while connecting", server=server, path=path)
+        if isinstance(exc, socket.gaierror):
+            return ConnectFailed(f"cannot resolve host: {detail}", server=server, path=path)
+        if isinstance(exc, EOFError):
+            return ConnectFailed("server closed the connection during login", server=server, path=path)
+        return ConnectFailed(f"cannot connect: {detail}", server=server, path=path)
+    if sent:
+        if isinstance(exc, TimeoutError):
+            return OutcomeUnknown("command sent but no reply within the timeout", server=server, path=path)
+        return OutcomeUnknown(f"connection lost after the command was sent ({detail})",
+                              server=server, path=path)
+    if isinstance(exc, TimeoutError):
+        return TransportTimeout("timed out before the command was sent", server=server, path=path)
+    return ConnectionLost(f"connection lost before the command was sent ({detail})",
+                          server=server, path=path)
+
+
+@contextmanager
+def map_os_errors(server: str, path: str = "", *, progress: Progress | None = None,
+                  connecting: bool = False) -> Iterator[None]:
+    """Re-raise OSError/EOFError (socket, ssl, timeouts) inside the block as TransportErrors.
+
+    ``progress.sent`` is read when the error happens, so the block can flip it half-way.
+    TransportErrors raised inside pass through untouched.
+    """
+    try:
+        yield
+    except TransportError:
+        raise
+    except (OSError, EOFError) as exc:
+        sent = progress.sent if progress is not None else False
+        raise translate_os_error(exc, server=server, path=path, sent=sent,
+                                 connecting=connecting) from exc
+
+
+def translate_ftp_reply(exc: ftplib.Error, *, server: str, path: str = "",
+                        connecting: bool = False) -> TransportError:
+    """The TransportError for an FTP error reply (``ftplib.error_perm``, ``error_temp``...).
+
+    550 is "file unavailable": NotFound unless the text says permission, then PermissionDenied.
+    Callers that know more (RNFR's 550 means SourceGone) catch the result and refine it.
+    """
+    reply = str(exc).strip()
+    code = reply[:3]
+    low = reply.lower()
+    if isinstance(exc, ftplib.error_proto | ftplib.error_reply) or not code.isdigit():
+        return ProtocolError(f"unexpected reply {reply!r}", server=server, path=path)
+    if code in ("530", "331", "332") and connecting:
+        return AuthenticationFailed(f"login refused: {reply}", server=server, path=path)
+    if code == "421":
+        return ConnectionLost(f"server closed the session: {reply}", server=server, path=path)
+    if code in ("550", "450", "553"):
+        if "exist" in low and "not" not in low and "no such" not in low:
+            return AlreadyExists(reply, server=server, path=path)
+        if "permission" in low or "denied" in low or "not allowed" in low or code == "553":
+            return PermissionDenied(reply, server=server, path=path)
+        return NotFound(reply, server=server, path=path)
+    if code in ("530", "532", "534", "535"):
+        return PermissionDenied(reply, server=server, path=path)
+    if code in ("500", "501", "502", "503", "504"):
+        return ProtocolError(f"server rejected the command: {reply}", server=server, path=path)
+    return TransportError(reply, server=server, path=path)
+
+
+@contextmanager
+def map_ftp_errors(server: str, path: str = "", *, progress: Progress | None = None,
+                   connecting: bool = False) -> Iterator[None]:
+    """:func:`map_os_errors` plus ftplib's reply errors, for one FTP step."""
+    try:
+        with map_os_errors(server, path, progress=progress, connecting=connecting):
+            yield
+    except ftplib.Error as exc:
+        raise translate_ftp_reply(exc, server=server, path=path, connecting=connecting) from exc
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc)
+    return text or type(exc).__name__
