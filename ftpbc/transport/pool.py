@@ -1,0 +1,194 @@
+"""A bounded, thread-safe pool of sessions (FTP control connections, SSH/SFTP clients...).
+
+Connection setup is the dearest step of a remote transport (login to vsftpd 4 ms, to sshd 65 ms,
+against well under a millisecond per command), so transports keep sessions open and share them
+between threads through a :class:`Pool`.  The pool knows nothing about the protocol; the
+transport hands it three callables:
+
+``connect(timeout) -> S``
+    open and log in one session, raising a :class:`~ftpbc.errors.TransportError` on failure;
+``check(session, idle_seconds) -> bool``
+    called before an idle session is handed out again: True if it is still usable.  It should be
+    cheap for a session idle a short while (e.g. "has the server closed the socket?" with a
+    zero-timeout ``select``) and may send a no-op (``NOOP``, ``stat(".")``) after a longer idle;
+``close(session)``
+    release its resources; must not raise.
+
+Use::
+
+    pool = Pool(connect=..., check=..., close=..., size=4, server=cfg.display)
+    with pool.session(timeout=10) as s:
+        ...                          # an exception marks s broken when it says so (see below)
+    pool.close()
+
+Guarantees:
+
+* at most ``size`` sessions exist at any time (idle plus in use); :meth:`acquire` waits up to
+  ``timeout`` for one to free up, then raises :class:`~ftpbc.errors.TransportTimeout`;
+* a session leaving :meth:`session` by a :class:`~ftpbc.errors.ConnectionLost`,
+  :class:`~ftpbc.errors.OutcomeUnknown`, :class:`~ftpbc.errors.TransportTimeout` or
+  :class:`~ftpbc.errors.ProtocolError` (or any non-ftpbc exception) is closed and discarded,
+  because its protocol state is unknown; other TransportErrors (NotFound, SourceGone...) are
+  ordinary answers and the session goes back to the pool;
+* after a session was discarded as broken, the next connect is retried with exponential
+  backoff (tenacity) on ConnectFailed/ConnectionLost/TransportTimeout, within the acquire
+  timeout, to ride out a server restart.  A first connect is tried once, so a closed port fails
+  fast.  Authentication and TLS failures are never retried;
+* idle sessions are reused last-in first-out, so a burst's surplus sessions age and the
+  health check weeds them out.
+
+Not guaranteed: the pool does not retry *operations*; that is the transport's decision, because
+only it knows which operations are safe to repeat.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Generic, TypeVar
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from ftpbc.errors import (
+    ConnectFailed,
+    ConnectionLost,
+    FtpbcError,
+    OutcomeUnknown,
+    ProtocolError,
+    TransportError,
+    TransportTimeout,
+)
+
+S = TypeVar("S")
+
+#: errors after which a session's protocol state is unknown: it must not be reused
+BROKEN_ERRORS: tuple[type[TransportError], ...] = (ConnectionLost, OutcomeUnknown, TransportTimeout,
+                                                   ProtocolError)
+#: connect errors worth retrying after a drop (the server may be restarting)
+RETRYABLE_CONNECT_ERRORS: tuple[type[TransportError], ...] = (ConnectFailed, ConnectionLost,
+                                                              TransportTimeout)
+
+
+class Pool(Generic[S]):
+    """Up to ``size`` sessions of type ``S``, shared between threads.  See the module docstring."""
+
+    def __init__(self, *, connect: Callable[[float], S], check: Callable[[S, float], bool],
+                 close: Callable[[S], None], size: int, server: str,
+                 default_timeout: float = 30.0) -> None:
+        if size < 1:
+            raise ValueError(f"pool size must be at least 1, got {size}")
+        self._connect = connect
+        self._check = check
+        self._close = close
+        self.size = size
+        self.server = server
+        self.default_timeout = default_timeout
+        self._slots = threading.BoundedSemaphore(size)
+        self._lock = threading.Lock()
+        self._idle: list[tuple[S, float]] = []  # (session, monotonic time it was released)
+        self._dropped = False
+        self._closed = False
+        #: sessions opened so far (for tests and metrics)
+        self.connects = 0
+
+    # ------------------------------------------------------------------ public API
+
+    @contextmanager
+    def session(self, timeout: float | None = None) -> Iterator[S]:
+        """A session for the duration of the block; released (or discarded if broken) after."""
+        s = self.acquire(timeout)
+        try:
+            yield s
+        except BaseException as exc:
+            broken = isinstance(exc, BROKEN_ERRORS) or not isinstance(exc, FtpbcError)
+            self.release(s, broken=broken)
+            raise
+        self.release(s)
+
+    def acquire(self, timeout: float | None = None) -> S:
+        """Take an idle healthy session or open a new one; wait at most ``timeout`` seconds."""
+        timeout = self.default_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        if self._closed:
+            raise ConnectionLost("transport is closed", server=self.server)
+        if not self._slots.acquire(timeout=timeout):
+            raise TransportTimeout(f"no free connection among {self.size} within {timeout:g} s",
+                                   server=self.server)
+        try:
+            while (idle := self._pop_idle()) is not None:
+                s, since = idle
+                if self._healthy(s, time.monotonic() - since):
+                    return s
+                self._dropped = True
+                self._safe_close(s)
+            return self._open(deadline)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def release(self, session: S, *, broken: bool = False) -> None:
+        """Give ``session`` back; ``broken=True`` closes it instead (its state is unknown)."""
+        try:
+            if broken or self._closed:
+                if broken:
+                    self._dropped = True
+                self._safe_close(session)
+            else:
+                with self._lock:
+                    self._idle.append((session, time.monotonic()))
+        finally:
+            self._slots.release()
+
+    def discard_idle(self) -> None:
+        """Close every idle session (e.g. after the server was restarted on purpose)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for s, _ in idle:
+            self._safe_close(s)
+
+    def close(self) -> None:
+        """Close idle sessions now and in-use ones when released; later acquires fail."""
+        self._closed = True
+        self.discard_idle()
+
+    @property
+    def idle_count(self) -> int:
+        with self._lock:
+            return len(self._idle)
+
+    # ------------------------------------------------------------------ internals
+
+    def _pop_idle(self) -> tuple[S, float] | None:
+        with self._lock:
+            return self._idle.pop() if self._idle else None
+
+    def _healthy(self, s: S, idle_for: float) -> bool:
+        try:
+            return self._check(s, idle_for)
+        except Exception:
+            return False  # a check that fails for any reason means "do not reuse"
+
+    def _open(self, deadline: float) -> S:
+        remaining = max(deadline - time.monotonic(), 0.001)
+        if not self._dropped:
+            s = self._connect(remaining)
+        else:
+            # After a drop the server may be restarting: back off and retry until the deadline.
+            retrying = Retrying(
+                retry=retry_if_exception_type(RETRYABLE_CONNECT_ERRORS),
+                stop=stop_after_delay(remaining),
+                wait=wait_exponential(multiplier=0.05, max=2.0),
+                reraise=True,
+            )
+            s = retrying(lambda: self._connect(max(deadline - time.monotonic(), 0.001)))
+        self._dropped = False
+        self.connects += 1
+        return s
+
+    def _safe_close(self, s: S) -> None:
+        try:
+            self._close(s)
+        except Exception:
+            pass  # closing a dead session may fail; there is nothing left to release
