@@ -13,10 +13,20 @@ Names
     request           ``<request_prefix><expansion of message_name>``      ``req.<uuid>``
     response          ``<response_prefix><uuid>``                          ``resp.<uuid>``
     error reply       ``<response_prefix><uuid>.error`` (body: the reason, UTF-8)
-    claimed file      ``<name>~<node-id>`` in the select directory: the claim carries its owner,
-                      so a live node can return the claims of a dead one.
-    error reason      ``<name>.reason`` beside the file in the error directory.
-    archived file     the original name (claim suffix removed).
+    staged file       ``<name>~<node-id>`` in the stage directory
+    claimed file      ``<name>~<node-id>`` in the select directory
+    archived file     ``<name>~<node-id>`` in the archive directory: the node that served (in) or
+                      collected (out) it.  Uncollected responses archived by a provider's sweep
+                      are ``<name>~uncollected``.
+    failed request    ``<name>~<node-id>`` in ``inerror``, with ``<name>~<node-id>.reason`` beside
+                      it (UTF-8 text, one line: the handler's exception).
+    displaced file    ``<name>~<utc-timestamp>`` in the protect directory.
+
+Why the node id travels in the name
+    A claim, a stage upload and an archive entry all say who made them, on the server itself.
+    A live node can therefore return the claims of a dead one (lease expiry), and a node that was
+    only slow learns it lost a claim because its commit rename (select -> archive) finds its
+    source gone, so it never sends a second response.  Node ids cannot contain ``~``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,207 @@
+"""Typed, validated, immutable configuration: the node, its servers and its endpoints.
+
+Every default documented in README's configuration section is set here and nowhere else.
+Relative paths (``state_dir``, ``journal_dir``, ``key_file``...) are relative to the working
+directory of the process, as with most command-line tools; docker-compose and the examples set it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ftpbc.config.servers import ServerConfig
+
+NODE_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+ENDPOINT_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def default_node_id() -> str:
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:40] or "node"
+    return f"{host}-{os.getpid()}"
+
+
+def check_node_id(value: str) -> str:
+    if not NODE_ID_RE.match(value):
+        raise ValueError(f"node id {value!r} must be 1-64 characters of A-Z a-z 0-9 . _ -")
+    return value
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NodeConfig(_Frozen):
+    id: str = Field(default_factory=default_node_id)
+    #: file locks, heartbeats and cluster-wide sequences: the same directory (NFS) on every node
+    state_dir: Path = Path(".ftpbc-state")
+    #: this node's own journal and node-local sequences
+    journal_dir: Path = Path("journals")
+    #: how often this node refreshes its heartbeat in state_dir
+    heartbeat_interval: float = Field(default=5.0, gt=0)
+    #: a claim whose owner's heartbeat is older than this is returned to the inbox
+    lease: float = Field(default=60.0, gt=0)
+    #: fsync journal records before the remote write they announce (off only for benchmarks)
+    durable_journal: bool = True
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, v: str) -> str:
+        return check_node_id(v)
+
+    @model_validator(mode="after")
+    def _lease_outlives_heartbeat(self) -> NodeConfig:
+        if self.lease <= 2 * self.heartbeat_interval:
+            raise ValueError(
+                f"lease ({self.lease:g} s) must exceed twice heartbeat_interval "
+                f"({self.heartbeat_interval:g} s), or live nodes would look dead")
+        return self
+
+
+class EndpointConfig(_Frozen):
+    """A request/response (or one-way) message exchange area on one server."""
+
+    server: str
+    repository: str
+    #: ``module:function``; present means this node serves the endpoint
+    handler: str | None = None
+    message_name: str = "%u"
+    request_prefix: str = "req."
+    response_prefix: str = "resp."
+    poll_interval: float = Field(default=1.0, gt=0)
+    max_per_poll: int = Field(default=32, ge=1)
+    workers: int = Field(default=5, ge=1, le=256)
+    lock: Literal["file", "none"] = "file"
+    stage: bool = True
+    protect: bool = True
+    archive: bool = True
+    #: how long a request waits for its response, seconds
+    timeout: float = Field(default=30.0, gt=0)
+    #: time zone of date letters in names (IANA name)
+    timezone: str = "UTC"
+    #: on shutdown, how long in-flight handlers may take before the node gives up on them
+    drain_timeout: float = Field(default=30.0, ge=0)
+    #: responses nobody collects within this many seconds are archived and counted
+    uncollected_after: float = Field(default=3600.0, gt=0)
+
+    @field_validator("repository")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        from ftpbc.transport.base import normalize
+
+        if not v.startswith("/"):
+            raise ValueError(f"repository {v!r} must be an absolute path on the server")
+        return normalize(v)
+
+    @field_validator("request_prefix", "response_prefix")
+    @classmethod
+    def _bare(cls, v: str) -> str:
+        if "/" in v or "%" in v or ".." in v:
+            raise ValueError(f"prefix {v!r} must be plain text without '/', '%' or '..'")
+        return v
+
+    @field_validator("handler")
+    @classmethod
+    def _handler_form(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", v):
+            raise ValueError(f"handler {v!r} must look like 'package.module:function'")
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {v!r}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _patterns(self) -> EndpointConfig:
+        from ftpbc.patterns import Pattern
+
+        pattern = Pattern.parse(self.message_name)
+        if not pattern.has_uuid:
+            raise ValueError(
+                f"message_name {self.message_name!r} must contain %u: the UUID correlates a response "
+                "with its request")
+        if self.request_prefix == self.response_prefix:
+            raise ValueError("request_prefix and response_prefix must differ")
+        return self
+
+
+class TransferConfig(_Frozen):
+    """Free-form exchange with a partner's own layout (the spec's ``ftp:transfer``).
+
+    ``receive_from`` is ``directory/pattern`` polled for inbound files (the pattern may use the
+    wildcard); ``send_to`` is ``directory/pattern`` for outbound files.  ``pre``/``post`` commands
+    run on the remote file around the transfer.
+    """
+
+    server: str
+    receive_from: str | None = None
+    send_to: str | None = None
+    handler: str | None = None
+    poll_interval: float = Field(default=1.0, gt=0)
+    max_per_poll: int = Field(default=32, ge=1)
+    workers: int = Field(default=2, ge=1, le=256)
+    lock: Literal["file", "none"] = "file"
+    stage_dir: str | None = None
+    #: after a file is read: archive it to this directory (pattern), or delete it
+    post: Literal["delete", "archive"] = "archive"
+    archive_to: str | None = None
+    timezone: str = "UTC"
+
+
+class Config(_Frozen):
+    node: NodeConfig = Field(default_factory=NodeConfig)
+    servers: dict[str, ServerConfig]
+    endpoints: dict[str, EndpointConfig] = Field(default_factory=dict)
+    transfers: dict[str, TransferConfig] = Field(default_factory=dict)
+    #: the file this was loaded from, for messages; not a YAML key
+    source: str = Field(default="<config>", exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_servers(cls, data: object) -> object:
+        if isinstance(data, dict) and isinstance(data.get("servers"), dict):
+            servers = {}
+            for name, spec in data["servers"].items():
+                if isinstance(spec, dict) and "name" not in spec:
+                    spec = {"name": name, **spec}
+                servers[name] = spec
+            data = {**data, "servers": servers}
+        return data
+
+    @model_validator(mode="after")
+    def _references(self) -> Config:
+        for kind, table in (("endpoints", self.endpoints), ("transfers", self.transfers)):
+            for name, ep in table.items():
+                if not ENDPOINT_RE.match(name):
+                    raise ValueError(f"{kind}.{name}: name must be 1-64 characters of A-Z a-z 0-9 . _ -")
+                if ep.server not in self.servers:
+                    known = ", ".join(sorted(self.servers)) or "none"
+                    raise ValueError(f"{kind}.{name}.server: unknown server {ep.server!r} (defined: {known})")
+        return self
+
+    def with_node_id(self, node_id: str | None) -> Config:
+        if not node_id:
+            return self
+        check_node_id(node_id)
+        return self.model_copy(update={"node": self.node.model_copy(update={"id": node_id})})
+
+    def endpoint(self, name: str) -> EndpointConfig:
+        try:
+            return self.endpoints[name]
+        except KeyError:
+            from ftpbc.errors import ConfigError
+
+            known = ", ".join(sorted(self.endpoints)) or "none"
+            raise ConfigError(f"unknown endpoint {name!r} (defined: {known})", file=self.source) from None
