@@ -15,11 +15,12 @@ Names
     error reply       ``<response_prefix><uuid>.error`` (body: the reason, UTF-8)
     staged file       ``<name>~<node-id>`` in the stage directory
     claimed file      ``<name>~<node-id>`` in the select directory
-    archived file     ``<name>~<node-id>`` in the archive directory: the node that served (in) or
-                      collected (out) it.  Uncollected responses archived by a provider's sweep
-                      are ``<name>~uncollected``.
-    failed request    ``<name>~<node-id>`` in ``inerror``, with ``<name>~<node-id>.reason`` beside
-                      it (UTF-8 text, one line: the handler's exception).
+    archived file     ``<name>~<node-id>~<stamp>`` in the archive directory: the node that served
+                      (in) or collected (out) it, and when (UTC, milliseconds, ``20261122T013045.123Z``).
+                      Uncollected responses archived by a provider's sweep have the node id
+                      ``uncollected``.
+    failed request    ``<name>~<node-id>~<stamp>`` in ``inerror``, with the same name plus
+                      ``.reason`` beside it (UTF-8 text: the handler's exception).
     displaced file    ``<name>~<utc-timestamp>`` in the protect directory.
 
 Why the node id travels in the name
@@ -32,6 +33,7 @@ Why the node id travels in the name
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Literal
 
 from ftpbc.transport.base import check_name, join, normalize
@@ -64,6 +66,42 @@ class ExchangeArea:
 
     def all_dirs(self) -> list[str]:
         return [self.dir(d, k) for d in ("in", "out") for k in KINDS]
+
+
+STAMP_FORMAT = "%Y%m%dT%H%M%S"
+
+
+def stamp(when: datetime) -> str:
+    """``20261122T013045.123Z`` for an aware datetime (converted to UTC)."""
+    utc = when.astimezone(UTC)
+    return f"{utc.strftime(STAMP_FORMAT)}.{utc.microsecond // 1000:03d}Z"
+
+
+def parse_stamp(text: str) -> datetime | None:
+    try:
+        base, _, ms = text.rstrip("Z").partition(".")
+        return datetime.strptime(base, STAMP_FORMAT).replace(tzinfo=UTC, microsecond=int(ms or 0) * 1000)
+    except ValueError:
+        return None
+
+
+def archive_name(name: str, node_id: str, when: datetime) -> str:
+    """Name of ``name`` once archived (or failed) by ``node_id`` at ``when``."""
+    return check_name(f"{name}{CLAIM_SEPARATOR}{node_id}{CLAIM_SEPARATOR}{stamp(when)}")
+
+
+def parse_archive_name(archived: str) -> tuple[str, str | None, datetime | None]:
+    """``(name, node_id, when)`` from an archived name; missing parts are None."""
+    rest, sep, last = archived.rpartition(CLAIM_SEPARATOR)
+    if not sep:
+        return archived, None, None
+    when = parse_stamp(last)
+    if when is None:
+        return rest, last, None  # "<name>~<node>" without a stamp
+    name, sep2, node = rest.rpartition(CLAIM_SEPARATOR)
+    if not sep2:
+        return rest, None, when
+    return name, node, when
 
 
 def claim_name(name: str, node_id: str) -> str:
