@@ -8,10 +8,11 @@ from tests.servers.handle import ServerHandle
 
 pytest_plugins = [
     "tests.servers.local",
+    "tests.servers.sshd",
 ]
 
 #: every transport/server pair the conformance and lifecycle suites run against
-ALL_SERVERS = ["local"]
+ALL_SERVERS = ["local", "sshd"]
 
 
 @pytest.fixture(params=ALL_SERVERS)

@@ -1,0 +1,525 @@
+"""SFTP (SSH File Transfer Protocol) transport, over paramiko, with pooled connections.
+
+One *session* is one SSH connection carrying one SFTP channel.  Sessions are opened lazily and
+shared between threads through :class:`ftpbc.transport.pool.Pool` (``cfg.pool_size`` at most),
+because logging in to sshd costs about 65 ms against well under a millisecond per request.
+
+Authentication
+    With ``key_file`` the key (ed25519, ECDSA or RSA; not passphrase-protected) is offered first;
+    with a password, password login is tried (after a refused key, too).
+
+Host keys
+    The server's key is checked against ``known_hosts`` (``~/.ssh/known_hosts`` when unset)
+    before any credential is sent.  An unknown key raises
+    :class:`~ftpbc.errors.HostKeyRejected` naming the server and the key's SHA256 fingerprint,
+    unless ``auto_accept_host_keys`` is on, in which case it is accepted and appended to the
+    file.  A key that *differs* from the recorded one is always refused, auto-accept or not:
+    that is what a man-in-the-middle looks like.
+
+Guarantees
+    * Every socket has TCP_NODELAY (Nagle's algorithm made SFTP listings 4x slower).
+    * ``put`` and ``get`` stream in chunks: memory stays bounded whatever the file size.
+      ``get`` reads the size the file had when opened (files are renamed into place whole, so
+      the size does not change under a reader), with pipelined read-ahead for large files.
+    * ``rename`` follows the contract in :mod:`ftpbc.transport.base`: ``posix-rename@openssh.com``
+      (atomic replace) when the server announces it; otherwise remove the target, then rename.
+    * Library errors are translated into :mod:`ftpbc.errors` here; messages name the server
+      (``sftp://user@host:port``) and the path, never a password.  A request that was sent but
+      not answered raises :class:`~ftpbc.errors.OutcomeUnknown`.
+    * An operation that failed with ConnectionLost (nothing was sent, e.g. a pooled connection
+      the server had closed) is retried once on a fresh connection.
+
+Not guaranteed: SFTP has no file locking, and ``put`` is not atomic (stage, then rename).
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import posixpath
+import socket
+import stat as statmod
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
+
+import paramiko
+from paramiko.message import Message
+from paramiko.sftp import (
+    CMD_INIT,
+    CMD_VERSION,
+    SFTP_EOF,
+    SFTP_NO_SUCH_FILE,
+    SFTP_OK,
+    SFTP_OP_UNSUPPORTED,
+    SFTP_PERMISSION_DENIED,
+    SFTPError,
+)
+
+from ftpbc.config.servers import ServerConfig
+from ftpbc.errors import (
+    AuthenticationFailed,
+    ConfigError,
+    ConnectFailed,
+    ConnectionLost,
+    HostKeyRejected,
+    NotFound,
+    PermissionDenied,
+    ProtocolError,
+    SourceGone,
+    TransportError,
+)
+from ftpbc.transport.base import Entry, Transport, normalize
+from ftpbc.transport.errormap import Progress, translate_os_error
+from ftpbc.transport.pool import Pool
+
+T = TypeVar("T")
+
+CHUNK = 1 << 20
+#: files at least this big are read with paramiko's pipelined prefetch; smaller ones with plain
+#: reads, which avoid starting a prefetch thread for a one-request file
+PREFETCH_MIN = 128 * 1024
+#: outstanding read requests during prefetch (32 KiB each): bounds memory, saturates loopback
+PREFETCH_REQUESTS = 64
+#: an idle session older than this is probed with a round trip before reuse
+PROBE_AFTER = 15.0
+POSIX_RENAME = "posix-rename@openssh.com"
+
+_SFTP_VERSION = 3
+_known_hosts_lock = threading.Lock()
+
+
+class _Status(IOError):
+    """An SFTP status reply other than OK/EOF; ``code`` is the SSH_FX_* code.
+
+    An IOError (with errno ENOENT/EACCES where they apply, as paramiko's own) so that paramiko's
+    internals which catch IOError keep working.
+    """
+
+    def __init__(self, code: int, text: str) -> None:
+        eno = {SFTP_NO_SUCH_FILE: errno.ENOENT, SFTP_PERMISSION_DENIED: errno.EACCES}.get(code)
+        super().__init__(eno or 0, text)
+        self.code = code
+        self.text = text
+
+
+class _Client(paramiko.SFTPClient):
+    """paramiko's SFTPClient plus the three things it does not expose.
+
+    * the extensions the server announced in its VERSION packet (to know about posix-rename);
+    * ``progress.sent``: set once a request's bytes were handed to the channel, which is what
+      separates "not done" from "outcome unknown" when the reply never comes;
+    * status replies as :class:`_Status` carrying the numeric code instead of text only.
+    """
+
+    def __init__(self, chan: paramiko.Channel) -> None:
+        self.extensions: dict[str, bytes] = {}
+        self.progress = Progress()
+        super().__init__(chan)
+
+    def _send_version(self) -> int:
+        msg = Message()
+        msg.add_int(_SFTP_VERSION)
+        self._send_packet(CMD_INIT, msg)
+        kind, data = self._read_packet()  # type: ignore[attr-defined]  # private, not in stubs
+        if kind != CMD_VERSION:
+            raise SFTPError("Incompatible sftp protocol")
+        reply = Message(data)
+        version = reply.get_int()
+        while reply.get_remainder():
+            name = reply.get_text()
+            self.extensions[name] = reply.get_binary()
+        return int(version)
+
+    def _send_packet(self, t: int, packet: Any) -> None:  # type: ignore[override]
+        super()._send_packet(t, packet)  # type: ignore[misc]  # private, not in the stubs
+        self.progress.sent = True
+
+    def _convert_status(self, msg: Message) -> None:
+        code = msg.get_int()
+        text = msg.get_text()
+        if code == SFTP_OK:
+            return
+        if code == SFTP_EOF:
+            raise EOFError(text)  # paramiko's read loop relies on EOFError for end of file
+        raise _Status(code, text)
+
+
+@dataclass
+class _Session:
+    ssh: paramiko.Transport
+    sftp: _Client
+
+    def close(self) -> None:
+        try:
+            self.sftp.close()
+        finally:
+            self.ssh.close()
+
+
+# --------------------------------------------------------------------------- host keys
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's ``SHA256:...`` fingerprint of a public key."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def _known_hosts_path(cfg: ServerConfig) -> Path:
+    return cfg.known_hosts if cfg.known_hosts is not None else Path("~/.ssh/known_hosts").expanduser()
+
+
+def _host_entry_name(cfg: ServerConfig) -> str:
+    # OpenSSH's known_hosts spelling: bare host on port 22, "[host]:port" otherwise.
+    return cfg.host if cfg.port == 22 else f"[{cfg.host}]:{cfg.port}"
+
+
+def _load_known(cfg: ServerConfig) -> dict[str, paramiko.PKey]:
+    """The keys known_hosts records for this server, by key type (empty when none)."""
+    path = _known_hosts_path(cfg)
+    keys = paramiko.HostKeys()
+    try:
+        keys.load(str(path))
+    except FileNotFoundError:
+        return {}
+    except (OSError, paramiko.SSHException, ValueError) as exc:
+        raise ConfigError(f"cannot read known_hosts: {exc}", file=str(path), key="known_hosts") from None
+    found = keys.lookup(_host_entry_name(cfg))
+    return dict(found) if found is not None else {}
+
+
+def _prefer_known_key_types(t: paramiko.Transport, known: dict[str, paramiko.PKey]) -> None:
+    # Like OpenSSH, ask first for the host key types already recorded, so a server with several
+    # host keys shows the one known_hosts can vouch for.
+    if not known:
+        return
+    wanted = set(known)
+    if "ssh-rsa" in wanted:
+        wanted |= {"rsa-sha2-512", "rsa-sha2-256"}
+    options = t.get_security_options()
+    current = list(options.key_types)
+    options.key_types = tuple([k for k in current if k in wanted] + [k for k in current if k not in wanted])
+
+
+def _verify_host_key(cfg: ServerConfig, key: paramiko.PKey, known: dict[str, paramiko.PKey]) -> None:
+    path = _known_hosts_path(cfg)
+    kind = key.get_name()
+    recorded = known.get(kind)
+    if recorded is not None:
+        if recorded == key:
+            return
+        raise HostKeyRejected(
+            f"host key {kind} {fingerprint(key)} differs from the one recorded in {path} "
+            f"({fingerprint(recorded)}); refusing to connect (the key changed or someone is in between)",
+            server=cfg.display)
+    if not cfg.auto_accept_host_keys:
+        others = f" (known_hosts has only {', '.join(sorted(known))} for it)" if known else ""
+        raise HostKeyRejected(
+            f"host key {kind} {fingerprint(key)} is not in {path}{others}; add it "
+            f"(ssh-keyscan -p {cfg.port} {cfg.host} >> {path}) or set auto_accept_host_keys",
+            server=cfg.display)
+    _remember_host_key(cfg, key, path)
+
+
+def _remember_host_key(cfg: ServerConfig, key: paramiko.PKey, path: Path) -> None:
+    line = f"{_host_entry_name(cfg)} {key.get_name()} {key.get_base64()}\n"
+    with _known_hosts_lock:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.exists() and line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+                return  # another session of this process recorded it a moment ago
+            # One append of one short line: O_APPEND keeps concurrent writers' lines whole.
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(line)
+        except OSError as exc:
+            raise ConfigError(f"cannot record the host key: {exc.strerror}", file=str(path),
+                              key="known_hosts") from None
+
+
+# --------------------------------------------------------------------------- connecting
+
+
+def _load_key(cfg: ServerConfig) -> paramiko.PKey | None:
+    if cfg.key_file is None:
+        return None
+    try:
+        return paramiko.PKey.from_path(cfg.key_file)
+    except paramiko.PasswordRequiredException:
+        raise ConfigError("the key is passphrase-protected; ftpbc needs an unencrypted key file",
+                          file=str(cfg.key_file), key="key_file") from None
+    except (OSError, paramiko.SSHException, ValueError) as exc:
+        raise ConfigError(f"cannot load the private key: {exc}", file=str(cfg.key_file),
+                          key="key_file") from None
+
+
+def _authenticate(cfg: ServerConfig, t: paramiko.Transport) -> None:
+    key = _load_key(cfg)
+    password = cfg.password_value()
+    reasons: list[str] = []
+    if key is not None:
+        try:
+            t.auth_publickey(cfg.user, key)
+            return
+        except paramiko.AuthenticationException:
+            reasons.append(f"key {cfg.key_file} ({key.get_name()}) refused")
+    if password:
+        try:
+            t.auth_password(cfg.user, password)
+            return
+        except paramiko.BadAuthenticationType:
+            reasons.append("password login not allowed by the server")
+        except paramiko.AuthenticationException:
+            reasons.append("password refused")
+    if not reasons:
+        reasons.append("no key_file and no password configured")
+    raise AuthenticationFailed(f"login as {cfg.user!r} failed: {'; '.join(reasons)}", server=cfg.display)
+
+
+def _connect(cfg: ServerConfig, timeout: float) -> _Session:
+    """Open one SSH connection, verify the host key, log in and start the SFTP channel."""
+    known = _load_known(cfg)
+    try:
+        sock = socket.create_connection((cfg.host, cfg.port), timeout=timeout)
+    except OSError as exc:
+        raise translate_os_error(exc, server=cfg.display, connecting=True) from exc
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    t = paramiko.Transport(sock)
+    try:
+        t.banner_timeout = t.handshake_timeout = t.auth_timeout = timeout
+        _prefer_known_key_types(t, known)
+        t.start_client(timeout=timeout)
+        _verify_host_key(cfg, t.get_remote_server_key(), known)
+        _authenticate(cfg, t)
+        chan = t.open_session(timeout=timeout)
+        chan.settimeout(timeout)
+        chan.invoke_subsystem("sftp")
+        return _Session(t, _Client(chan))
+    except BaseException as exc:
+        t.close()
+        sock.close()
+        if isinstance(exc, TransportError | ConfigError):
+            raise
+        if isinstance(exc, OSError | EOFError):
+            raise translate_os_error(exc, server=cfg.display, connecting=True) from exc
+        if isinstance(exc, paramiko.SSHException | SFTPError):
+            raise ConnectFailed(f"SSH negotiation failed: {exc}", server=cfg.display) from exc
+        raise
+
+
+def _healthy(session: _Session, idle_for: float) -> bool:
+    if not session.ssh.is_active() or session.sftp.sock.closed:
+        return False
+    if idle_for > PROBE_AFTER:
+        # A firewall may have dropped a long-idle connection without either end noticing.
+        session.sftp.sock.settimeout(5.0)
+        session.sftp.normalize(".")
+    return True
+
+
+def _close(session: _Session) -> None:
+    session.close()
+
+
+# --------------------------------------------------------------------------- the transport
+
+
+class SFTPTransport(Transport):
+    """Transport over SFTP.  Thread-safe; see the module docstring for what it guarantees."""
+
+    def __init__(self, cfg: ServerConfig) -> None:
+        self.cfg = cfg
+        self.server = cfg.display
+        self._base = normalize(cfg.base).rstrip("/")
+        self._pool: Pool[_Session] = Pool(
+            connect=lambda timeout: _connect(cfg, timeout), check=_healthy, close=_close,
+            size=cfg.pool_size, server=cfg.display, default_timeout=cfg.timeout)
+
+    def __repr__(self) -> str:
+        return f"SFTPTransport({self.server}{self._base or '/'})"
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _remote(self, path: str) -> str:
+        return self._base + normalize(path) if self._base else normalize(path)
+
+    @contextmanager
+    def _mapped(self, path: str, progress: Progress) -> Iterator[None]:
+        try:
+            yield
+        except TransportError:
+            raise
+        except _Status as exc:
+            raise _status_error(exc, server=self.server, path=path) from None
+        except (OSError, EOFError) as exc:
+            raise translate_os_error(exc, server=self.server, path=path, sent=progress.sent) from exc
+        except paramiko.SSHException as exc:
+            # paramiko reports a dropped connection as SSHException("Server connection dropped")
+            raise translate_os_error(EOFError(str(exc)), server=self.server, path=path,
+                                     sent=progress.sent) from exc
+        except SFTPError as exc:
+            raise ProtocolError(f"unexpected SFTP reply: {exc}", server=self.server, path=path) from exc
+
+    def _run(self, path: str, op: Callable[[_Client], T], timeout: float | None) -> T:
+        """Run ``op`` on a pooled session; once more on a fresh one if nothing had been sent."""
+        limit = self.cfg.timeout if timeout is None else timeout
+        for attempt in (1, 2):
+            try:
+                with self._pool.session(limit) as s:
+                    client = s.sftp
+                    client.progress.sent = False
+                    client.sock.settimeout(limit)
+                    with self._mapped(path, client.progress):
+                        return op(client)
+            except ConnectionLost:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------ operations
+
+    def list(self, path: str, *, timeout: float | None = None) -> list[Entry]:
+        remote = self._remote(path)
+
+        def op(c: _Client) -> list[Entry]:
+            return [_entry(a.filename, a) for a in c.listdir_attr(remote)]
+
+        return self._run(path, op, timeout)
+
+    def stat(self, path: str, *, timeout: float | None = None) -> Entry:
+        remote = self._remote(path)
+        return self._run(path, lambda c: _entry(posixpath.basename(remote), c.stat(remote)), timeout)
+
+    def put(self, path: str, stream: BinaryIO, *, timeout: float | None = None) -> int:
+        remote = self._remote(path)
+
+        def op(c: _Client) -> int:
+            total = 0
+            with c.open(remote, "wb") as fh:
+                # Pipelined: writes are not waited for one by one; errors surface at close.
+                fh.set_pipelined(True)
+                while chunk := stream.read(CHUNK):
+                    fh.write(chunk)
+                    total += len(chunk)
+            return total
+
+        return self._run(path, op, timeout)
+
+    def get(self, path: str, stream: BinaryIO, *, timeout: float | None = None) -> int:
+        remote = self._remote(path)
+
+        def op(c: _Client) -> int:
+            with c.open(remote, "rb") as fh:
+                size = fh.stat().st_size or 0
+                if size >= PREFETCH_MIN:
+                    fh.prefetch(size, max_concurrent_requests=PREFETCH_REQUESTS)
+                total = 0
+                while total < size and (chunk := fh.read(min(CHUNK, size - total))):
+                    stream.write(chunk)
+                    total += len(chunk)
+                return total
+
+        return self._run(path, op, timeout)
+
+    def rename(self, src: str, dst: str, *, timeout: float | None = None) -> None:
+        rsrc, rdst = self._remote(src), self._remote(dst)
+
+        def op(c: _Client) -> None:
+            try:
+                if POSIX_RENAME in c.extensions:
+                    c.posix_rename(rsrc, rdst)
+                else:
+                    self._plain_rename(c, rsrc, rdst)
+            except _Status as exc:
+                if not _exists(c, rsrc):
+                    raise SourceGone("rename source is gone", server=self.server, path=src) from None
+                raise _status_error(exc, server=self.server, path=dst,
+                                    prefix=f"rename {src} -> {dst}: ") from None
+
+        self._run(src, op, timeout)
+
+    @staticmethod
+    def _plain_rename(c: _Client, rsrc: str, rdst: str) -> None:
+        # SFTPv3 RENAME refuses an existing target; the contract says replace it.  Removing it
+        # first can lose the old target on a crash in between, never the file being moved.
+        try:
+            c.rename(rsrc, rdst)
+        except _Status as exc:
+            if exc.code == SFTP_NO_SUCH_FILE or not _exists(c, rdst) or not _exists(c, rsrc):
+                raise
+            c.remove(rdst)
+            c.rename(rsrc, rdst)
+
+    def delete(self, path: str, *, timeout: float | None = None) -> None:
+        remote = self._remote(path)
+        self._run(path, lambda c: c.remove(remote), timeout)
+
+    def mkdir(self, path: str, *, timeout: float | None = None) -> None:
+        remote = self._remote(path)
+
+        def make(c: _Client, target: str) -> None:
+            try:
+                attrs = c.stat(target)
+            except _Status as exc:
+                if exc.code != SFTP_NO_SUCH_FILE:
+                    raise
+            else:
+                if statmod.S_ISDIR(attrs.st_mode or 0):
+                    return
+                raise TransportError("exists and is not a directory", server=self.server,
+                                     path=target[len(self._base):] or "/")
+            parent = posixpath.dirname(target)
+            if parent != target:
+                make(c, parent)
+            try:
+                c.mkdir(target)
+            except _Status:
+                # Another node may have created it between our stat and mkdir.
+                if not statmod.S_ISDIR(c.stat(target).st_mode or 0):
+                    raise
+
+        self._run(path, lambda c: make(c, remote), timeout)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    # ------------------------------------------------------------------ introspection
+
+    @property
+    def connects(self) -> int:
+        """SSH connections opened so far (for tests and metrics)."""
+        return self._pool.connects
+
+
+def _entry(name: str, attrs: paramiko.SFTPAttributes) -> Entry:
+    mtime = datetime.fromtimestamp(attrs.st_mtime, UTC) if attrs.st_mtime is not None else None
+    return Entry(name, attrs.st_size or 0, mtime, statmod.S_ISDIR(attrs.st_mode or 0))
+
+
+def _exists(c: _Client, remote: str) -> bool:
+    try:
+        c.stat(remote)
+    except _Status as exc:
+        if exc.code == SFTP_NO_SUCH_FILE:
+            return False
+        raise
+    return True
+
+
+def _status_error(exc: _Status, *, server: str, path: str, prefix: str = "") -> TransportError:
+    text = f"{prefix}{exc.text or 'failed'}"
+    if exc.code == SFTP_NO_SUCH_FILE:
+        return NotFound(text, server=server, path=path)
+    if exc.code == SFTP_PERMISSION_DENIED:
+        return PermissionDenied(text, server=server, path=path)
+    if exc.code == SFTP_OP_UNSUPPORTED:
+        return ProtocolError(f"server does not support the operation: {text}", server=server, path=path)
+    return TransportError(text, server=server, path=path)
+
+
+__all__ = ["SFTPTransport", "fingerprint"]
