@@ -50,7 +50,11 @@ from ftpbc.errors import (
 
 @dataclass
 class Progress:
-    """Whether the current command has been sent.  Set ``sent`` right after the send succeeds."""
+    """Whether a state-changing command has been sent.  Set ``sent`` right after the send succeeds.
+
+    Read-only commands (LIST, RETR, SIZE...) need not set it: losing their reply changes nothing
+    on the server, so ConnectionLost/TransportTimeout describe the outcome exactly.
+    """
 
     sent: bool = False
 
@@ -81,9 +85,10 @@ def translate_os_error(exc: BaseException, *, server: str, path: str = "", sent:
             return OutcomeUnknown("command sent but no reply within the timeout", server=server, path=path)
         return OutcomeUnknown(f"connection lost after the command was sent ({detail})",
                               server=server, path=path)
+    # Nothing was sent that could change state (or only a read-only command was).
     if isinstance(exc, TimeoutError):
-        return TransportTimeout("timed out before the command was sent", server=server, path=path)
-    return ConnectionLost(f"connection lost before the command was sent ({detail})",
+        return TransportTimeout("timed out; the operation did not take effect", server=server, path=path)
+    return ConnectionLost(f"connection lost ({detail}); the operation did not take effect",
                           server=server, path=path)
 
 

@@ -1,0 +1,571 @@
+"""FTP and FTPS (explicit ``AUTH TLS`` + ``PROT P``, or implicit TLS) as a :class:`Transport`.
+
+One :class:`FTPTransport` per server; it keeps up to ``cfg.pool_size`` logged-in control
+connections in a :class:`~ftpbc.transport.pool.Pool` shared by all threads.
+
+What each session does once, at login: ``TCP_NODELAY`` on the control socket (and on every data
+socket), ``FEAT`` to learn MLSD/MLST/EPSV/MDTM/SIZE, ``TYPE I``.  ftplib's ``storbinary``/
+``retrbinary`` re-send ``TYPE`` on every call; this module opens data connections itself
+(EPSV when advertised, else PASV), which is what makes one STOR cost one data connection and
+nothing more.  A PASV reply naming another address than the control connection's peer (a server
+behind NAT announcing its private address) is ignored in favour of the control host.
+
+Listings use ``MLSD`` when the server advertises it (exact sizes, mtimes to the second) and
+``CWD`` + ``LIST -a`` otherwise (vsftpd): unix-style lines are parsed for size, type and an
+mtime to the minute (to the day for entries older than six months, as ``ls`` prints them).
+``stat`` uses ``MLST`` where available, else ``SIZE`` + ``MDTM`` (and ``CWD`` for directories).
+
+Retries (at most one, on a fresh connection):
+
+* any operation whose command provably did not reach the server (ConnectionLost);
+* after a lost reply (OutcomeUnknown) only operations that are safe to repeat: list, stat, get
+  (into a seekable stream, or before any byte was written), mkdir, and put from a seekable
+  stream (the same bytes to the same path).  rename and delete are never repeated blindly.
+
+Errors name ``cfg.display`` (``ftp://user@host:port``) and the path; the password is only ever
+handed to ``PASS``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import ftplib
+import posixpath
+import re
+import select
+import socket
+import ssl
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import BinaryIO, TypeVar
+
+from ftpbc.config.servers import ServerConfig
+from ftpbc.errors import (
+    AlreadyExists,
+    ConnectionLost,
+    NotFound,
+    OutcomeUnknown,
+    ProtocolError,
+    SourceGone,
+)
+from ftpbc.transport.base import Entry, Transport, normalize
+from ftpbc.transport.errormap import Progress, map_ftp_errors, translate_ftp_reply
+from ftpbc.transport.pool import Pool
+
+T = TypeVar("T")
+
+CHUNK = 256 * 1024
+#: an idle session older than this is probed with NOOP before reuse (cheaper checks always run)
+NOOP_AFTER_IDLE = 10.0
+
+
+@dataclass
+class _Session:
+    """One logged-in control connection and what its server supports."""
+
+    ftp: ftplib.FTP
+    peer_host: str
+    features: set[str] = field(default_factory=set)
+    cwd: str | None = None
+
+    @property
+    def sock(self) -> socket.socket:
+        assert self.ftp.sock is not None
+        return self.ftp.sock
+
+    def has(self, feature: str) -> bool:
+        return feature in self.features
+
+
+class _ImplicitFTPS(ftplib.FTP_TLS):
+    """FTP_TLS whose control connection is TLS from the first byte (port 990 style)."""
+
+    def connect(self, host: str = "", port: int = 0, timeout: float = -999,
+                source_address: tuple[str, int] | None = None) -> str:
+        if host:
+            self.host = host
+        if port > 0:
+            self.port = port
+        if timeout != -999:
+            self.timeout = timeout
+        raw = socket.create_connection((self.host, self.port), self.timeout)
+        _nodelay(raw)
+        self.sock = self.context.wrap_socket(raw, server_hostname=self.host)
+        self.af = self.sock.family
+        self.file = self.sock.makefile("r", encoding=self.encoding)
+        self.welcome = self.getresp()
+        return self.welcome
+
+
+class FTPTransport(Transport):
+    """ftp:// and ftps:// servers.  Thread-safe; connections are opened on first use."""
+
+    def __init__(self, cfg: ServerConfig) -> None:
+        if cfg.scheme not in ("ftp", "ftps"):
+            raise ValueError(f"FTPTransport cannot serve {cfg.display}")
+        self.cfg = cfg
+        self.server = cfg.display
+        self._base = normalize(cfg.base)
+        self._tls = cfg.scheme == "ftps"
+        self._context = self._tls_context() if self._tls else None
+        self._pool: Pool[_Session] = Pool(connect=self._connect, check=self._healthy, close=_close,
+                                          size=cfg.pool_size, server=self.server,
+                                          default_timeout=cfg.timeout)
+
+    # ------------------------------------------------------------------ Transport API
+
+    def list(self, path: str, *, timeout: float | None = None) -> list[Entry]:
+        remote = self._remote(path)
+
+        def op(s: _Session, progress: Progress) -> list[Entry]:
+            if s.has("MLSD"):
+                lines = self._read_lines(s, f"MLSD {remote}", path)
+                return [e for e in map(_parse_mlsx, lines) if e is not None]
+            self._cwd(s, remote)
+            now = datetime.now(UTC)
+            return [e for e in (_parse_list_line(ln, now) for ln in
+                                self._read_lines(s, "LIST -a", path)) if e is not None]
+
+        return self._run(path, op, timeout=timeout, repeatable=True)
+
+    def put(self, path: str, stream: BinaryIO, *, timeout: float | None = None) -> int:
+        remote = self._remote(path)
+        start = _tell(stream)
+
+        def op(s: _Session, progress: Progress) -> int:
+            if start is not None:
+                stream.seek(start)
+            total = 0
+            with self._data(s, f"STOR {remote}", path, progress) as conn:
+                while chunk := stream.read(CHUNK):
+                    conn.sendall(chunk)
+                    total += len(chunk)
+                _unwrap(conn)
+            s.ftp.voidresp()
+            return total
+
+        return self._run(path, op, timeout=timeout, repeatable=start is not None)
+
+    def get(self, path: str, stream: BinaryIO, *, timeout: float | None = None) -> int:
+        remote = self._remote(path)
+        start = _tell(stream)
+        written = [0]
+
+        def op(s: _Session, progress: Progress) -> int:
+            if start is not None:
+                stream.seek(start)
+                stream.truncate()
+            total = 0
+            buf = bytearray(CHUNK)
+            view = memoryview(buf)
+            with self._data(s, f"RETR {remote}", path, None) as conn:
+                while n := conn.recv_into(buf):
+                    stream.write(view[:n])
+                    total += n
+                    written[0] += n
+                _unwrap(conn)
+            s.ftp.voidresp()
+            return total
+
+        # Repeating a read is harmless, unless bytes already went into a stream we cannot rewind.
+        return self._run(path, op, timeout=timeout,
+                         repeatable=lambda: start is not None or written[0] == 0)
+
+    def rename(self, src: str, dst: str, *, timeout: float | None = None) -> None:
+        rsrc, rdst = self._remote(src), self._remote(dst)
+
+        def op(s: _Session, progress: Progress) -> None:
+            refused = self._rename_once(s, rsrc, rdst, src, progress)
+            if refused is None:
+                return
+            # RNTO refused.  Tell "source claimed by someone else meanwhile" from the rest.
+            if not self._exists(s, rsrc, src):
+                raise SourceGone("rename source is gone", server=self.server, path=src)
+            if self._exists(s, rdst, dst):
+                # A server that refuses to replace: the contract says replace, so delete first.
+                self._command(s, f"DELE {rdst}", dst, progress)
+                refused = self._rename_once(s, rsrc, rdst, src, progress)
+                if refused is None:
+                    return
+            raise translate_ftp_reply(refused, server=self.server, path=dst)
+
+        self._run(src, op, timeout=timeout, repeatable=False)
+
+    def delete(self, path: str, *, timeout: float | None = None) -> None:
+        remote = self._remote(path)
+        self._run(path, lambda s, p: self._command(s, f"DELE {remote}", path, p),
+                  timeout=timeout, repeatable=False)
+
+    def mkdir(self, path: str, *, timeout: float | None = None) -> None:
+        remote = self._remote(path)
+        self._run(path, lambda s, p: self._mkdirs(s, remote, path, p), timeout=timeout, repeatable=True)
+
+    def stat(self, path: str, *, timeout: float | None = None) -> Entry:
+        remote = self._remote(path)
+        return self._run(path, lambda s, p: self._stat(s, remote, path), timeout=timeout, repeatable=True)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    @property
+    def pool(self) -> Pool[_Session]:
+        """The connection pool (for tests and metrics)."""
+        return self._pool
+
+    # ------------------------------------------------------------------ operations
+
+    def _run(self, path: str, op: Callable[[_Session, Progress], T], *, timeout: float | None,
+             repeatable: bool | Callable[[], bool]) -> T:
+        timeout = self.cfg.timeout if timeout is None else timeout
+        for attempt in (1, 2):
+            progress = Progress()
+            try:
+                with self._pool.session(timeout) as s, map_ftp_errors(self.server, path,
+                                                                      progress=progress):
+                    _set_timeout(s, timeout)
+                    return op(s, progress)
+            except ConnectionLost:
+                if attempt == 2:
+                    raise
+            except OutcomeUnknown:
+                again = repeatable() if callable(repeatable) else repeatable
+                if attempt == 2 or not again:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _command(self, s: _Session, line: str, path: str, progress: Progress | None) -> str:
+        """Send one command and read its reply; ``progress`` marks it as state-changing."""
+        s.ftp.putcmd(line)
+        if progress is not None:
+            progress.sent = True
+        return s.ftp.voidresp()
+
+    def _rename_once(self, s: _Session, rsrc: str, rdst: str, src: str,
+                     progress: Progress) -> ftplib.error_perm | None:
+        """RNFR + RNTO.  SourceGone if RNFR finds no source; RNTO's refusal is returned."""
+        try:
+            resp = s.ftp.sendcmd(f"RNFR {rsrc}")
+        except ftplib.error_perm as exc:
+            if str(exc)[:3] in ("550", "450"):
+                raise SourceGone(f"rename source is gone: {exc}", server=self.server, path=src) from None
+            raise
+        if not resp.startswith("3"):
+            raise ProtocolError(f"unexpected reply to RNFR: {resp!r}", server=self.server, path=src)
+        try:
+            self._command(s, f"RNTO {rdst}", src, progress)
+        except ftplib.error_perm as exc:
+            return exc
+        return None
+
+    def _exists(self, s: _Session, remote: str, path: str) -> bool:
+        try:
+            self._stat(s, remote, path)
+        except NotFound:
+            return False
+        return True
+
+    def _mkdirs(self, s: _Session, remote: str, path: str, progress: Progress) -> None:
+        if remote == "/":
+            return
+        try:
+            self._command(s, f"MKD {remote}", path, progress)
+            return
+        except ftplib.error_perm as exc:
+            refused = exc
+        # Either it exists already (fine if a directory), or a parent is missing.
+        try:
+            entry = self._stat(s, remote, path)
+        except NotFound:
+            parent = posixpath.dirname(remote)
+            if parent == remote or self._exists(s, parent, path):
+                raise translate_ftp_reply(refused, server=self.server, path=path) from None
+            self._mkdirs(s, parent, path, progress)
+            try:
+                self._command(s, f"MKD {remote}", path, progress)
+            except ftplib.error_perm:
+                if not self._stat(s, remote, path).is_dir:  # created by a racing client is fine
+                    raise
+            return
+        if not entry.is_dir:
+            raise AlreadyExists("exists and is not a directory", server=self.server, path=path)
+
+    def _stat(self, s: _Session, remote: str, path: str) -> Entry:
+        name = posixpath.basename(remote) or "/"
+        try:
+            if s.has("MLST"):
+                resp = s.ftp.sendcmd(f"MLST {remote}")
+                facts = [ln for ln in resp.splitlines()[1:-1] if ln.strip()]
+                entry = _parse_mlsx(facts[0].lstrip()) if facts else None
+                if entry is None:
+                    raise ProtocolError(f"unexpected MLST reply {resp!r}", server=self.server, path=path)
+                return Entry(name, entry.size, entry.mtime, entry.is_dir)
+            try:
+                size = int(s.ftp.sendcmd(f"SIZE {remote}").split()[1])
+            except ftplib.error_perm:
+                self._cwd(s, remote)  # not a file: a directory, or NotFound
+                return Entry(name, 0, None, True)
+            mtime = None
+            if s.has("MDTM"):
+                with suppress(ftplib.error_perm, ValueError, IndexError):
+                    mtime = _parse_time(s.ftp.sendcmd(f"MDTM {remote}").split()[1])
+            return Entry(name, size, mtime, False)
+        except ftplib.error_perm as exc:
+            if str(exc)[:3] in ("550", "450", "501"):
+                raise NotFound(f"no such file or directory: {exc}", server=self.server, path=path) from None
+            raise
+
+    def _cwd(self, s: _Session, remote: str) -> None:
+        if s.cwd != remote:
+            s.cwd = None  # unknown until the reply says otherwise
+            s.ftp.sendcmd(f"CWD {remote}")
+            s.cwd = remote
+
+    def _read_lines(self, s: _Session, command: str, path: str) -> builtins.list[str]:
+        with self._data(s, command, path, None) as conn:
+            raw = bytearray()
+            while chunk := conn.recv(CHUNK):
+                raw += chunk
+            _unwrap(conn)
+        s.ftp.voidresp()
+        text = raw.decode("utf-8", errors="surrogateescape")
+        return [ln for ln in text.split("\r\n" if "\r\n" in text else "\n") if ln]
+
+    @contextmanager
+    def _data(self, s: _Session, command: str, path: str,
+              progress: Progress | None) -> Iterator[socket.socket]:
+        """A data connection for ``command`` (STOR/RETR/LIST...), closed after the block."""
+        ftp = s.ftp
+        if not self.cfg.passive:
+            if progress is not None:
+                progress.sent = True
+            conn, _ = ftp.ntransfercmd(command)
+            _nodelay(conn)
+        else:
+            if s.has("EPSV"):
+                host, port = ftplib.parse229(ftp.sendcmd("EPSV"), s.sock.getpeername())
+            else:
+                host, port = ftplib.parse227(ftp.sendcmd("PASV"))
+                if host != s.peer_host:
+                    # A server behind NAT announces its private address; the control host works.
+                    host = s.peer_host
+            conn = socket.create_connection((host, port), ftp.timeout)
+            try:
+                _nodelay(conn)
+                ftp.putcmd(command)
+                if progress is not None:
+                    progress.sent = True
+                resp = ftp.getresp()
+                if resp[0] == "2":  # some servers send 2xx before the transfer reply
+                    resp = ftp.getresp()
+                if resp[0] != "1":
+                    raise ftplib.error_reply(resp)
+                if self._context is not None:
+                    conn = self._context.wrap_socket(conn, server_hostname=self.cfg.host,
+                                                     session=_tls_session(s))
+            except BaseException:
+                conn.close()
+                raise
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    # ------------------------------------------------------------------ sessions
+
+    def _connect(self, timeout: float) -> _Session:
+        cfg = self.cfg
+        with map_ftp_errors(self.server, connecting=True):
+            ftp: ftplib.FTP
+            if not self._tls:
+                ftp = ftplib.FTP(timeout=timeout)
+            elif cfg.tls == "implicit":
+                ftp = _ImplicitFTPS(context=self._context, timeout=timeout)
+            else:
+                ftp = ftplib.FTP_TLS(context=self._context, timeout=timeout)
+            try:
+                ftp.connect(cfg.host, cfg.port, timeout=timeout)
+                _nodelay(ftp.sock)
+                if isinstance(ftp, ftplib.FTP_TLS) and not isinstance(ftp.sock, ssl.SSLSocket):
+                    ftp.auth()
+                ftp.login(cfg.user, cfg.password_value())
+                if isinstance(ftp, ftplib.FTP_TLS):
+                    ftp.prot_p()
+                assert ftp.sock is not None
+                session = _Session(ftp, peer_host=ftp.sock.getpeername()[0])
+                session.features = _features(ftp)
+                ftp.voidcmd("TYPE I")
+                if session.has("UTF8"):
+                    with suppress(ftplib.error_perm):
+                        ftp.sendcmd("OPTS UTF8 ON")
+                return session
+            except BaseException:
+                ftp.close()
+                raise
+
+    def _healthy(self, s: _Session, idle_for: float) -> bool:
+        sock = s.ftp.sock
+        if sock is None or _has_unread(sock):
+            return False  # closed by the server, or an unsolicited reply ("421 Timeout")
+        if idle_for > NOOP_AFTER_IDLE:
+            _set_timeout(s, min(self.cfg.timeout, 5.0))
+            s.ftp.voidcmd("NOOP")
+        return True
+
+    def _tls_context(self) -> ssl.SSLContext:
+        cfg = self.cfg
+        if not cfg.verify_tls:
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            return ctx
+        return ssl.create_default_context(cafile=str(cfg.ca_file) if cfg.ca_file else None)
+
+    def _remote(self, path: str) -> str:
+        rel = normalize(path).lstrip("/")
+        return posixpath.join(self._base, rel) if rel else self._base
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _nodelay(sock: socket.socket | None) -> None:
+    # Nagle's algorithm delays the small command packets FTP is made of.
+    if sock is not None:
+        with suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _set_timeout(s: _Session, timeout: float) -> None:
+    s.ftp.timeout = timeout
+    s.sock.settimeout(timeout)
+
+
+def _close(s: _Session) -> None:
+    with suppress(Exception):
+        s.ftp.close()
+
+
+def _unwrap(conn: socket.socket) -> None:
+    # A clean TLS shutdown tells the server the transfer ended where it should have.
+    if isinstance(conn, ssl.SSLSocket):
+        with suppress(OSError, ValueError):
+            conn.unwrap()
+
+
+def _tls_session(s: _Session) -> ssl.SSLSession | None:
+    # Reusing the control connection's TLS session is required by vsftpd (require_ssl_reuse).
+    sock = s.ftp.sock
+    return sock.session if isinstance(sock, ssl.SSLSocket) else None
+
+
+def _has_unread(sock: socket.socket) -> bool:
+    """True if the server sent something (or closed) while nobody was waiting for a reply."""
+    readable, _, _ = select.select([sock], [], [], 0)
+    if not readable:
+        return False
+    if not isinstance(sock, ssl.SSLSocket):
+        return True
+    # A TLS record may be a session ticket, not application data: peek without blocking.
+    timeout = sock.gettimeout()
+    sock.setblocking(False)
+    try:
+        sock.recv(1)
+        return True  # data or end-of-file
+    except ssl.SSLWantReadError:
+        return False
+    except OSError:
+        return True
+    finally:
+        sock.settimeout(timeout)
+
+
+def _features(ftp: ftplib.FTP) -> set[str]:
+    try:
+        resp = ftp.sendcmd("FEAT")
+    except ftplib.error_perm:
+        return set()
+    feats = set()
+    for line in resp.splitlines()[1:-1]:
+        word = line.strip().split(" ")[0].upper()
+        if word:
+            feats.add(word)
+    if "MLST" in feats:
+        feats.add("MLSD")  # RFC 3659: MLST in FEAT means both MLST and MLSD
+    return feats
+
+
+def _tell(stream: BinaryIO) -> int | None:
+    try:
+        return stream.tell() if stream.seekable() else None
+    except (OSError, ValueError):
+        return None
+
+
+def _parse_time(value: str) -> datetime:
+    """``YYYYMMDDHHMMSS[.sss]`` (MDTM, MLSD modify=) as UTC."""
+    whole, _, frac = value.partition(".")
+    dt = datetime.strptime(whole, "%Y%m%d%H%M%S").replace(tzinfo=UTC)
+    if frac:
+        dt = dt.replace(microsecond=int(frac[:6].ljust(6, "0")))
+    return dt
+
+
+def _parse_mlsx(line: str) -> Entry | None:
+    """One MLSD/MLST line: ``fact=value;...; name``.  None for ``.``/``..`` and unparseable lines."""
+    facts_part, sep, name = line.partition(" ")
+    if not sep:
+        return None
+    facts = {}
+    for fact in facts_part.split(";"):
+        key, eq, value = fact.partition("=")
+        if eq:
+            facts[key.lower()] = value
+    kind = facts.get("type", "").lower()
+    if kind in ("cdir", "pdir") or name in (".", ".."):
+        return None
+    mtime = None
+    if "modify" in facts:
+        with suppress(ValueError):
+            mtime = _parse_time(facts["modify"])
+    size = int(facts.get("size", "0") or 0)
+    return Entry(posixpath.basename(name.rstrip("/")) or name, size, mtime, kind == "dir")
+
+
+_LIST_RE = re.compile(
+    r"^(?P<type>[-dlbcps])[-rwxsStTl+.@]{9}\S*\s+\d+\s+\S+\s+\S+\s+(?P<size>\d+)\s+"
+    r"(?P<mon>[A-Za-z]{3})\s+(?P<day>\d{1,2})\s+(?P<time>\d{1,2}:\d{2}|\d{4})\s(?P<name>.+)$")
+_MONTHS = {m: i for i, m in enumerate(
+    ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), 1)}
+
+
+def _parse_list_line(line: str, now: datetime) -> Entry | None:
+    """One unix ``ls -l`` style LIST line (vsftpd, ProFTPD...).  None for others and ``.``/``..``.
+
+    Times are taken as UTC (vsftpd's default, ``use_localtime=NO``).  A date without a year is
+    in the last twelve months, as ``ls`` prints it.
+    """
+    m = _LIST_RE.match(line)
+    if m is None:
+        return None
+    name = m["name"]
+    if m["type"] == "l" and " -> " in name:
+        name = name.split(" -> ", 1)[0]
+    if name in (".", ".."):
+        return None
+    mtime: datetime | None = None
+    month = _MONTHS.get(m["mon"].lower())
+    if month is not None:
+        try:
+            if ":" in m["time"]:
+                hh, mm = (int(x) for x in m["time"].split(":"))
+                mtime = datetime(now.year, month, int(m["day"]), hh, mm, tzinfo=UTC)
+                if (mtime - now).days > 1:
+                    mtime = mtime.replace(year=now.year - 1)
+            else:
+                mtime = datetime(int(m["time"]), month, int(m["day"]), tzinfo=UTC)
+        except ValueError:
+            mtime = None
+    return Entry(name, int(m["size"]), mtime, m["type"] == "d")
+
