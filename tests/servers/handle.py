@@ -32,7 +32,11 @@ class ServerHandle:
     def fresh_dir(self) -> str:
         """A new, empty directory under remote "/" for one test; returns its remote path."""
         name = f"t-{uuid.uuid4().hex[:12]}"
-        (self.root / name).mkdir(mode=0o777)
+        path = self.root / name
+        path.mkdir()
+        # World-writable despite the umask: servers that log in as an unprivileged user
+        # (vsftpd) must be able to write where the root-run tests created the directory.
+        path.chmod(0o777)
         return f"/{name}"
 
     def local(self, remote: str) -> Path:
