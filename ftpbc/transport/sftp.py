@@ -20,7 +20,7 @@ Guarantees
     * Every socket has TCP_NODELAY (Nagle's algorithm made SFTP listings 4x slower).
     * ``put`` and ``get`` stream in chunks: memory stays bounded whatever the file size.
       ``get`` reads the size the file had when opened (files are renamed into place whole, so
-      the size does not change under a reader), with pipelined read-ahead for large files.
+      the size does not change under a reader), with up to 2 MiB of reads in flight.
     * ``rename`` follows the contract in :mod:`ftpbc.transport.base`: ``posix-rename@openssh.com``
       (atomic replace) when the server announces it; otherwise remove the target, then rename.
     * Library errors are translated into :mod:`ftpbc.errors` here; messages name the server
@@ -41,17 +41,21 @@ import posixpath
 import socket
 import stat as statmod
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar, cast
 
 import paramiko
 from paramiko.message import Message
 from paramiko.sftp import (
+    CMD_DATA,
     CMD_INIT,
+    CMD_READ,
+    CMD_STATUS,
     CMD_VERSION,
     SFTP_EOF,
     SFTP_NO_SUCH_FILE,
@@ -59,6 +63,7 @@ from paramiko.sftp import (
     SFTP_OP_UNSUPPORTED,
     SFTP_PERMISSION_DENIED,
     SFTPError,
+    int64,
 )
 
 from ftpbc.config.servers import ServerConfig
@@ -81,11 +86,11 @@ from ftpbc.transport.pool import Pool
 T = TypeVar("T")
 
 CHUNK = 1 << 20
-#: files at least this big are read with paramiko's pipelined prefetch; smaller ones with plain
-#: reads, which avoid starting a prefetch thread for a one-request file
-PREFETCH_MIN = 128 * 1024
-#: outstanding read requests during prefetch (32 KiB each): bounds memory, saturates loopback
-PREFETCH_REQUESTS = 64
+#: bytes per SFTP READ request: 32 KiB is what every server must accept (SFTPv3 section 3)
+READ_REQUEST = 32 * 1024
+#: READ requests in flight during a get: 2 MiB, paramiko's default channel window, which is
+#: enough to keep loopback busy and is all the memory a get holds
+READ_DEPTH = 64
 #: an idle session older than this is probed with a round trip before reuse
 PROBE_AFTER = 15.0
 POSIX_RENAME = "posix-rename@openssh.com"
@@ -148,6 +153,62 @@ class _Client(paramiko.SFTPClient):
         if code == SFTP_EOF:
             raise EOFError(text)  # paramiko's read loop relies on EOFError for end of file
         raise _Status(code, text)
+
+
+class _PipelinedReader:
+    """Copies a remote file with up to READ_DEPTH READ requests in flight, in order.
+
+    paramiko's own ``prefetch`` is not used: when the reader catches up with the prefetch
+    thread it falls back to synchronous reads while the thread goes on requesting the whole
+    file, whose replies then pile up unread (a 64 MiB get held 40 MiB and read the file twice).
+    Here a request is only sent when a reply has been consumed, so memory is bounded.
+    """
+
+    def __init__(self, client: _Client, handle: bytes) -> None:
+        self.client = client
+        self.handle = handle
+        self.replies: dict[int, tuple[int, Message]] = {}
+
+    def _async_response(self, t: int, msg: Message, num: int) -> None:
+        # Called by paramiko's _read_response for replies to requests made with ``self``.
+        self.replies[num] = (t, msg)
+
+    def copy(self, size: int, stream: BinaryIO) -> int:
+        """Read ``size`` bytes (fewer if the file is shorter) into ``stream``; return the count."""
+        c = self.client
+        pending: deque[tuple[int, int, int]] = deque()  # (request number, offset, length)
+        total = 0
+        ahead = 0  # next offset to request
+        while total < size:
+            while ahead < size and len(pending) < READ_DEPTH:
+                length = min(READ_REQUEST, size - ahead)
+                num = c._async_request(self, CMD_READ, self.handle, int64(ahead), length)  # type: ignore[attr-defined]
+                pending.append((num, ahead, length))
+                ahead += length
+            num, offset, length = pending.popleft()
+            while num not in self.replies:
+                c._read_response()  # type: ignore[attr-defined]
+            kind, msg = self.replies.pop(num)
+            if kind == CMD_STATUS:
+                try:
+                    c._convert_status(msg)
+                except EOFError:
+                    break  # the file is shorter than when it was opened
+            if kind != CMD_DATA:
+                raise SFTPError(f"expected DATA, got packet type {kind}")
+            data = msg.get_string()
+            if not data:
+                break  # a server answering DATA with nothing would otherwise loop forever
+            stream.write(data)
+            total += len(data)
+            if len(data) < length:
+                # A short read (allowed by the protocol): the replies in flight are for offsets
+                # beyond a gap, so drop them and carry on from where the data stopped.
+                for stale, _, _ in pending:
+                    self.replies.pop(stale, None)
+                pending.clear()
+                ahead = offset + len(data)
+        return total
 
 
 @dataclass
@@ -332,6 +393,10 @@ def _close(session: _Session) -> None:
 class SFTPTransport(Transport):
     """Transport over SFTP.  Thread-safe; see the module docstring for what it guarantees."""
 
+    #: Use ``posix-rename@openssh.com`` when the server offers it.  Set False to force the
+    #: portable remove-then-rename path (for a server whose extension misbehaves, and for tests).
+    use_posix_rename: bool = True
+
     def __init__(self, cfg: ServerConfig) -> None:
         self.cfg = cfg
         self.server = cfg.display
@@ -416,13 +481,7 @@ class SFTPTransport(Transport):
         def op(c: _Client) -> int:
             with c.open(remote, "rb") as fh:
                 size = fh.stat().st_size or 0
-                if size >= PREFETCH_MIN:
-                    fh.prefetch(size, max_concurrent_requests=PREFETCH_REQUESTS)
-                total = 0
-                while total < size and (chunk := fh.read(min(CHUNK, size - total))):
-                    stream.write(chunk)
-                    total += len(chunk)
-                return total
+                return _PipelinedReader(c, cast(bytes, fh.handle)).copy(size, stream)
 
         return self._run(path, op, timeout)
 
@@ -431,7 +490,7 @@ class SFTPTransport(Transport):
 
         def op(c: _Client) -> None:
             try:
-                if POSIX_RENAME in c.extensions:
+                if self.use_posix_rename and POSIX_RENAME in c.extensions:
                     c.posix_rename(rsrc, rdst)
                 else:
                     self._plain_rename(c, rsrc, rdst)

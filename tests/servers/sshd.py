@@ -76,7 +76,8 @@ class SshdProcess:
                 child.kill()
             except psutil.NoSuchProcess:
                 pass
-        psutil.wait_procs(children, timeout=5)
+        wait_until(lambda: not any(_alive(c) for c in children), timeout=5,
+                   what="killed sshd connection processes to exit")
 
     def stop(self) -> None:
         if self.proc is None:
@@ -94,6 +95,14 @@ class SshdProcess:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+def _alive(proc: psutil.Process) -> bool:
+    # A killed child stays a zombie until the listener reaps it; it holds no connection then.
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _keygen(path: Path, kind: str) -> Path:
