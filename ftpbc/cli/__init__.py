@@ -15,6 +15,13 @@ from ftpbc.errors import FtpbcError
 
 #: command name -> "module:attribute" of a click command.
 LAZY_COMMANDS: dict[str, str] = {
+    "serve": "ftpbc.cli.serve:serve",
+    "recover": "ftpbc.cli.serve:recover",
+    "journal": "ftpbc.cli.serve:journal",
+    "request": "ftpbc.cli.messaging:request",
+    "send": "ftpbc.cli.messaging:send",
+    "check": "ftpbc.cli.check:check",
+    "demo": "ftpbc.cli.demo:demo",
 }
 
 

@@ -73,6 +73,8 @@ class EndpointConfig(_Frozen):
     message_name: str = "%u"
     request_prefix: str = "req."
     response_prefix: str = "resp."
+    #: one-way messages (``ftpbc send``): served, never answered
+    oneway_prefix: str = "msg."
     poll_interval: float = Field(default=1.0, gt=0)
     max_per_poll: int = Field(default=32, ge=1)
     workers: int = Field(default=5, ge=1, le=256)
@@ -98,7 +100,7 @@ class EndpointConfig(_Frozen):
             raise ValueError(f"repository {v!r} must be an absolute path on the server")
         return normalize(v)
 
-    @field_validator("request_prefix", "response_prefix")
+    @field_validator("request_prefix", "response_prefix", "oneway_prefix")
     @classmethod
     def _bare(cls, v: str) -> str:
         if "/" in v or "%" in v or ".." in v:
@@ -132,8 +134,10 @@ class EndpointConfig(_Frozen):
             raise ValueError(
                 f"message_name {self.message_name!r} must contain %u: the UUID correlates a response "
                 "with its request")
-        if self.request_prefix == self.response_prefix:
-            raise ValueError("request_prefix and response_prefix must differ")
+        prefixes = (self.request_prefix, self.response_prefix, self.oneway_prefix)
+        if len(set(prefixes)) < 3 or any(a != b and a.startswith(b) for a in prefixes for b in prefixes):
+            raise ValueError(f"request, response and one-way prefixes {prefixes} must differ and "
+                             "none may start with another")
         return self
 
 
@@ -190,6 +194,10 @@ class Config(_Frozen):
                     known = ", ".join(sorted(self.servers)) or "none"
                     raise ValueError(f"{kind}.{name}.server: unknown server {ep.server!r} (defined: {known})")
         return self
+
+    def sequence_dirs(self) -> tuple[Path, Path]:
+        """(node-local, cluster-shared) directories of the persisted sequences."""
+        return (self.node.journal_dir / self.node.id / "sequences", self.node.state_dir / "sequences")
 
     def with_node_id(self, node_id: str | None) -> Config:
         if not node_id:

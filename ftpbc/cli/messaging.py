@@ -1,0 +1,61 @@
+"""``ftpbc request`` and ``ftpbc send``."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ftpbc.cli.common import config_option, load, node_id_option, read_body
+from ftpbc.errors import RequestTimeout
+
+
+def _body_options(f):  # type: ignore[no-untyped-def]
+    f = click.argument("stdin", required=False, type=click.Choice(["-"]))(f)
+    f = click.option("--file", "file", type=click.Path(dir_okay=False), help="Read the body from a file.")(f)
+    f = click.option("--data", help="The body, as text.")(f)
+    return f
+
+
+@click.command()
+@config_option
+@node_id_option
+@click.argument("endpoint")
+@_body_options
+@click.option("--timeout", type=float, default=None, help="Seconds to wait (default: the endpoint's).")
+def request(config_path: str, node_id: str | None, endpoint: str, data: str | None, file: str | None,
+            stdin: str | None, timeout: float | None) -> None:
+    """Send a request to ENDPOINT and print the response body.
+
+    Exits 3 when no response comes in time, 4 when the provider's handler failed.
+    """
+    from ftpbc.client import Client
+    from ftpbc.errors import RemoteHandlerError
+
+    body = read_body(data, file, stdin == "-")
+    with Client(load(config_path, node_id)) as client:
+        try:
+            answer = client.request(endpoint, body, timeout=timeout)
+        except RequestTimeout as exc:
+            click.echo(f"ftpbc: timeout: {exc}", err=True)
+            raise SystemExit(3) from None
+        except RemoteHandlerError as exc:
+            click.echo(f"ftpbc: error reply: {exc}", err=True)
+            raise SystemExit(4) from None
+    sys.stdout.buffer.write(answer)
+    sys.stdout.buffer.flush()
+
+
+@click.command()
+@config_option
+@node_id_option
+@click.argument("endpoint")
+@_body_options
+def send(config_path: str, node_id: str | None, endpoint: str, data: str | None, file: str | None,
+         stdin: str | None) -> None:
+    """Send a one-way message to ENDPOINT and print its remote file name."""
+    from ftpbc.client import Client
+
+    body = read_body(data, file, stdin == "-")
+    with Client(load(config_path, node_id)) as client:
+        click.echo(client.send(endpoint, body))

@@ -1,0 +1,231 @@
+"""The Python client: send one-way messages, make requests and wait for their responses.
+
+    with ftpbc.Client.from_config("ftpbc.yaml") as client:
+        answer = client.request("quote", b"EURUSD", timeout=10)
+        name = client.send("audit", b"...")          # one-way; returns the remote file name
+        uid = client.submit("quote", b"GBPUSD")     # request now, collect later (any process)
+        answer = client.collect("quote", uid, timeout=30)
+
+One response poller per endpoint serves every outstanding request of this process: one listing
+of ``outbox`` finds all the responses that have arrived, whatever the number of waiting threads.
+While requests are outstanding it polls soon after a poll that found nothing (backing off up to
+``poll_interval``); with none outstanding it sends nothing at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+from typing import BinaryIO
+
+from ftpbc.config.loader import load_config
+from ftpbc.config.models import Config
+from ftpbc.errors import FtpbcError, NotFound, RemoteHandlerError, RequestTimeout, TransportError
+from ftpbc.exchange import ERROR_REPLY_SUFFIX
+from ftpbc.lifecycle import Claimed, Exchange, op_id_for
+from ftpbc.runtime import Runtime
+
+log = logging.getLogger("ftpbc.client")
+
+FIRST_BACKOFF = 0.002
+
+
+class _ResponsePoller:
+    def __init__(self, endpoint: str, exchange: Exchange, prefix: str, poll_interval: float) -> None:
+        self.endpoint = endpoint
+        self.exchange = exchange
+        self.prefix = prefix
+        self.poll_interval = poll_interval
+        self._waiters: dict[str, Future[tuple[bytes, bool]]] = {}
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"responses-{endpoint}", daemon=True)
+        self._thread.start()
+
+    def wait_for(self, uuid: str) -> Future[tuple[bytes, bool]]:
+        fut: Future[tuple[bytes, bool]] = Future()
+        with self._cv:
+            self._waiters[uuid] = fut
+            self._cv.notify_all()
+        return fut
+
+    def forget(self, uuid: str) -> None:
+        with self._cv:
+            self._waiters.pop(uuid, None)
+
+    def _run(self) -> None:
+        delay = FIRST_BACKOFF
+        while True:
+            with self._cv:
+                while not self._waiters and not self._closed:
+                    self._cv.wait()
+                    delay = FIRST_BACKOFF
+                if self._closed:
+                    return
+                wanted = set(self._waiters)
+            try:
+                found = self._poll(wanted)
+            except FtpbcError as exc:
+                log.warning("%s: response poll failed: %s", self.endpoint, exc)
+                found = 0
+                delay = self.poll_interval
+            if found:
+                delay = FIRST_BACKOFF
+                continue
+            with self._cv:
+                if not self._closed:
+                    self._cv.wait(delay)
+            delay = min(delay * 2, self.poll_interval)
+
+    def _poll(self, wanted: set[str]) -> int:
+        ex = self.exchange
+        picks = []
+        for e in ex.transport.list(ex.area.dir("out", "box")):
+            if not e.name.startswith(self.prefix):
+                continue
+            uid = e.name[len(self.prefix):].removesuffix(ERROR_REPLY_SUFFIX)
+            if uid in wanted:
+                picks.append((e.name, uid, e.size))
+        claimed, _ = ex.claim("out", picks, "collect")
+        for c in claimed:
+            self._deliver(c)
+        return len(claimed)
+
+    def _deliver(self, claimed: Claimed) -> None:
+        import io
+
+        buf = io.BytesIO()
+        try:
+            self.exchange.read(claimed, buf)
+        except NotFound:
+            self.exchange.journal.end(claimed.op_id)  # returned by a sweeper; seen next poll
+            return
+        except TransportError as exc:
+            log.warning("%s: cannot read %s, leaving it for the next poll: %s", self.endpoint, claimed.name, exc)
+            self.exchange.unclaim(claimed)
+            return
+        from ftpbc.faults import crash_point
+
+        crash_point("collect.after-read")
+        self.exchange.finish_collect(claimed)
+        assert claimed.uuid is not None
+        with self._cv:
+            fut = self._waiters.pop(claimed.uuid, None)
+        if fut is not None:
+            fut.set_result((buf.getvalue(), claimed.name.endswith(ERROR_REPLY_SUFFIX)))
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            for fut in self._waiters.values():
+                fut.cancel()
+            self._waiters.clear()
+            self._cv.notify_all()
+        self._thread.join(timeout=5)
+
+
+class Client:
+    """A connection to the exchange areas of a configuration.  Thread-safe; use as a context."""
+
+    def __init__(self, config: Config, *, connections: int = 8) -> None:
+        self.config = config
+        self.runtime = Runtime(config, connections=connections)
+        self.runtime.heartbeat.start()
+        self._pollers: dict[str, _ResponsePoller] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, path: str | Path, *, node_id: str | None = None) -> Client:
+        return cls(load_config(path, node_id=node_id))
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ API
+
+    def send(self, endpoint: str, body: bytes | str | BinaryIO) -> str:
+        """Send a one-way message; return its remote path once it is visible in the inbox."""
+        ep = self.config.endpoint(endpoint)
+        name, uid = self.runtime.new_message_name(endpoint, ep.oneway_prefix)
+        ex = self.runtime.exchange(endpoint)
+        return ex.send("in", name, _bytes(body), op_id=op_id_for(uid, "send"), kind="oneway")
+
+    def submit(self, endpoint: str, body: bytes | str | BinaryIO) -> str:
+        """Send a request without waiting; return its UUID for :meth:`collect`."""
+        ep = self.config.endpoint(endpoint)
+        name, uid = self.runtime.new_message_name(endpoint, ep.request_prefix)
+        ex = self.runtime.exchange(endpoint)
+        ex.send("in", name, _bytes(body), op_id=op_id_for(uid, "send"), kind="request")
+        return uid
+
+    def collect(self, endpoint: str, uuid: str, timeout: float | None = None) -> bytes:
+        """The response to request ``uuid``, waiting up to ``timeout`` (default: the endpoint's).
+
+        Raises RemoteHandlerError if the provider's handler failed, RequestTimeout if nothing
+        came in time.  Works from any process, also after the submitting one crashed.
+        """
+        ep = self.config.endpoint(endpoint)
+        limit = ep.timeout if timeout is None else timeout
+        poller = self._poller(endpoint)
+        fut = poller.wait_for(uuid)
+        try:
+            body, is_error = fut.result(timeout=limit)
+        except FutureTimeout:
+            poller.forget(uuid)
+            raise RequestTimeout(endpoint, f"{ep.repository}/inbox/{ep.request_prefix}{uuid}", limit) from None
+        if is_error:
+            raise RemoteHandlerError(endpoint, f"{ep.request_prefix}{uuid}", body.decode("utf-8", "replace"))
+        return body
+
+    def request(self, endpoint: str, body: bytes | str | BinaryIO, timeout: float | None = None) -> bytes:
+        """Send a request and wait for its response (see :meth:`collect` for errors).
+
+        A request that times out is withdrawn from the inbox when no provider has claimed it yet.
+        """
+        ep = self.config.endpoint(endpoint)
+        name, uid = self.runtime.new_message_name(endpoint, ep.request_prefix)
+        ex = self.runtime.exchange(endpoint)
+        poller = self._poller(endpoint)
+        poller.wait_for(uid)  # registered before sending, so a fast reply is not missed
+        try:
+            ex.send("in", name, _bytes(body), op_id=op_id_for(uid, "send"), kind="request")
+        except BaseException:
+            poller.forget(uid)
+            raise
+        try:
+            return self.collect(endpoint, uid, timeout)
+        except RequestTimeout:
+            try:
+                ex.transport.delete(ex.area.path("in", "box", name))
+            except (NotFound, TransportError):
+                pass
+            raise
+
+    def _poller(self, endpoint: str) -> _ResponsePoller:
+        with self._lock:
+            poller = self._pollers.get(endpoint)
+            if poller is None:
+                ep = self.config.endpoint(endpoint)
+                poller = _ResponsePoller(endpoint, self.runtime.exchange(endpoint), ep.response_prefix,
+                                         ep.poll_interval)
+                self._pollers[endpoint] = poller
+            return poller
+
+    def close(self) -> None:
+        with self._lock:
+            pollers = list(self._pollers.values())
+            self._pollers.clear()
+        for p in pollers:
+            p.close()
+        self.runtime.heartbeat.stop()
+        self.runtime.close()
+
+
+def _bytes(body: bytes | str | BinaryIO) -> bytes | BinaryIO:
+    return body.encode("utf-8") if isinstance(body, str) else body

@@ -1,0 +1,276 @@
+"""The operation journal: durable intents before remote writes, so a crashed node can recover.
+
+Layout (one directory per node identity, so nodes sharing a host never touch each other's)::
+
+    <journal_dir>/<node-id>/registry              endpoint <TAB> journal file, one per line
+    <journal_dir>/<node-id>/<uuid5>.journal        one endpoint's records
+    <journal_dir>/<node-id>/results/<op-id>        large handler results awaiting their response
+
+A record is one line of text a person can read::
+
+    2026-11-22T01:02:03.123Z 7f3c...e1 send stage=/q/instage/req.7f3c..~node-a target=/q/inbox/req.7f3c..
+
+``<time> <op-id> <event> key=value...`` with values percent-encoded (never a space or newline
+inside a value).  An operation is *pending* from its first record until its ``end`` record.
+
+What is guaranteed
+    :meth:`EndpointJournal.record` with ``durable=True`` returns only after the line is on disk
+    (``fsync``).  Intents that recovery cannot reconstruct from the server (a handler's result,
+    the names a send is about to write) are written durably *before* the remote write.
+
+What is not
+    Outcome records (``durable=False``) may be lost in a crash.  That is by design: recovery
+    decides every pending operation from the journal *plus the server's actual state*, so a lost
+    outcome only means recovery re-checks something that had already happened.
+
+Compaction
+    When no operation is pending the file is truncated; otherwise, past ``COMPACT_EVERY`` ended
+    operations it is rewritten (temporary file, fsync, rename) with only the pending records.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+from ftpbc.errors import JournalError
+
+COMPACT_EVERY = 2000
+INLINE_RESULT_LIMIT = 64 * 1024
+_NAMESPACE = uuid.UUID("6f0a2f4e-8a53-4e0c-9a57-5f4d7c0b7e21")
+
+
+@dataclass
+class Operation:
+    """A pending operation: its id, the events seen in order, and the merged fields."""
+
+    op_id: str
+    events: list[str] = field(default_factory=list)
+    fields: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return self.events[0] if self.events else ""
+
+    @property
+    def last(self) -> str:
+        return self.events[-1] if self.events else ""
+
+
+def _encode(fields: dict[str, str]) -> str:
+    return " ".join(f"{k}={quote(v, safe='/:.-_~@')}" for k, v in fields.items())
+
+
+def _decode(parts: Iterable[str]) -> dict[str, str]:
+    out = {}
+    for part in parts:
+        key, _, value = part.partition("=")
+        out[key] = unquote(value)
+    return out
+
+
+def _now() -> str:
+    t = datetime.now(UTC)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+class EndpointJournal:
+    """The journal of one endpoint on one node.  Thread-safe."""
+
+    def __init__(self, path: Path, *, durable: bool = True) -> None:
+        self.path = path
+        self.durable = durable
+        self.results_dir = path.parent / "results"
+        self._lock = threading.Lock()
+        self._pending: dict[str, Operation] = {}
+        self._ended_since_compaction = 0
+        self._load()
+        try:
+            self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the journal
+        except OSError as exc:
+            raise JournalError(f"{path}: cannot open journal: {exc.strerror}") from None
+
+    # ------------------------------------------------------------------ reading
+
+    def _load(self) -> None:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise JournalError(f"{self.path}: cannot read journal: {exc.strerror}") from None
+        lines = text.split("\n")
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            parts = line.split(" ")
+            if len(parts) < 3:
+                if number == len(lines) or (number == len(lines) - 1 and not lines[-1]):
+                    continue  # a torn last line: the crash came mid-write, before its remote step
+                raise JournalError(f"{self.path}:{number}: unreadable journal record {line[:80]!r}")
+            _, op_id, event, *rest = parts
+            self._apply(op_id, event, _decode(rest))
+
+    def _apply(self, op_id: str, event: str, fields: dict[str, str]) -> None:
+        if event == "end":
+            if self._pending.pop(op_id, None) is not None:
+                self._ended_since_compaction += 1
+            return
+        op = self._pending.setdefault(op_id, Operation(op_id))
+        op.events.append(event)
+        op.fields.update(fields)
+
+    def pending(self) -> list[Operation]:
+        """Operations begun and not ended, in the order they began."""
+        with self._lock:
+            return [Operation(o.op_id, list(o.events), dict(o.fields)) for o in self._pending.values()]
+
+    # ------------------------------------------------------------------ writing
+
+    def record(self, op_id: str, event: str, *, durable: bool = False, **fields: str) -> None:
+        """Append one record; with ``durable`` return only once it is on disk."""
+        self.record_many([(op_id, event, fields)], durable=durable)
+
+    def record_many(self, records: list[tuple[str, str, dict[str, str]]], *, durable: bool) -> None:
+        """Append several records with at most one fsync (a poll's batch of claims)."""
+        if not records:
+            return
+        stamp = _now()
+        text = "".join(f"{stamp} {op_id} {event} {_encode(fields)}\n".replace(" \n", "\n")
+                       for op_id, event, fields in records)
+        with self._lock:
+            try:
+                self._fh.write(text)
+                self._fh.flush()
+                if durable and self.durable:
+                    os.fsync(self._fh.fileno())
+            except OSError as exc:
+                raise JournalError(f"{self.path}: cannot write journal: {exc.strerror}") from None
+            for op_id, event, fields in records:
+                self._apply(op_id, event, dict(fields))
+            self._maybe_compact()
+
+    def end(self, op_id: str) -> None:
+        """The operation is complete; its records may be dropped."""
+        self.record(op_id, "end")
+        self.drop_result(op_id)
+
+    def _maybe_compact(self) -> None:
+        if not self._pending:
+            # Truncation needs no fsync: a resurrected stale record after a crash only makes
+            # recovery re-check a finished operation, which is idempotent.
+            self._fh.truncate(0)
+            self._fh.seek(0)
+            self._ended_since_compaction = 0
+            return
+        if self._ended_since_compaction < COMPACT_EVERY:
+            return
+        tmp = self.path.with_suffix(".compact")
+        with open(tmp, "w", encoding="utf-8") as out:
+            stamp = _now()
+            for op in self._pending.values():
+                for event in op.events:
+                    out.write(f"{stamp} {op.op_id} {event} {_encode(op.fields)}\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, self.path)
+        self._fh.close()
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        self._ended_since_compaction = 0
+
+    # ------------------------------------------------------------------ results
+
+    def save_result(self, op_id: str, body: bytes) -> dict[str, str]:
+        """Fields that keep ``body`` durable: inline (base64) when small, else a side file.
+
+        The side file is fsynced here; the record that names it must be written durably after.
+        """
+        if len(body) <= INLINE_RESULT_LIMIT:
+            return {"body": base64.b64encode(body).decode("ascii")}
+        self.results_dir.mkdir(parents=True, exist_ok=True)
+        path = self.results_dir / op_id
+        with open(path, "wb") as fh:
+            fh.write(body)
+            fh.flush()
+            if self.durable:
+                os.fsync(fh.fileno())
+        return {"body_file": path.name}
+
+    def load_result(self, fields: dict[str, str]) -> bytes:
+        if "body" in fields:
+            return base64.b64decode(fields["body"])
+        if "body_file" in fields:
+            try:
+                return (self.results_dir / fields["body_file"]).read_bytes()
+            except OSError as exc:
+                raise JournalError(f"{self.results_dir / fields['body_file']}: {exc.strerror}") from None
+        return b""
+
+    def drop_result(self, op_id: str) -> None:
+        try:
+            (self.results_dir / op_id).unlink()
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._fh.close()
+
+
+class Journal:
+    """All endpoint journals of one node, with the registry mapping endpoints to files."""
+
+    def __init__(self, journal_dir: Path, node_id: str, *, durable: bool = True) -> None:
+        self.dir = Path(journal_dir) / node_id
+        self.durable = durable
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise JournalError(f"{self.dir}: cannot create journal directory: {exc.strerror}") from None
+        self._lock = threading.Lock()
+        self._open: dict[str, EndpointJournal] = {}
+        self.registry_path = self.dir / "registry"
+
+    def registry(self) -> dict[str, str]:
+        try:
+            text = self.registry_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        entries = {}
+        for line in text.splitlines():
+            if "\t" in line:
+                name, file = line.split("\t", 1)
+                entries[name] = file
+        return entries
+
+    def endpoint(self, name: str) -> EndpointJournal:
+        with self._lock:
+            if name in self._open:
+                return self._open[name]
+            file = f"{uuid.uuid5(_NAMESPACE, name)}.journal"
+            registry = self.registry()
+            if registry.get(name) != file:
+                registry[name] = file
+                tmp = self.registry_path.with_suffix(".tmp")
+                tmp.write_text("".join(f"{k}\t{v}\n" for k, v in sorted(registry.items())), encoding="utf-8")
+                os.replace(tmp, self.registry_path)
+            journal = EndpointJournal(self.dir / file, durable=self.durable)
+            self._open[name] = journal
+            return journal
+
+    def all_pending(self) -> dict[str, list[Operation]]:
+        """Pending operations of every registered endpoint (the endpoints need not be configured)."""
+        return {name: ops for name in sorted(self.registry()) if (ops := self.endpoint(name).pending())}
+
+    def close(self) -> None:
+        with self._lock:
+            for j in self._open.values():
+                j.close()
+            self._open.clear()

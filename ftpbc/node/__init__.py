@@ -1,0 +1,1 @@
+"""A serving node: providers (pollers + workers) per endpoint, heartbeat, sweeper, recovery."""

@@ -1,0 +1,210 @@
+"""A provider: one endpoint's inbound poller and its worker pool on one node.
+
+The poller takes the poll lock (T_LOCK + F_LOCK), lists the inbox, claims the oldest matching
+files (no more than it has idle workers for, so one node never hoards work that another could
+do), releases the lock and hands the claims to its workers.  A poll that found work is followed
+at once by the next one; an idle endpoint waits ``poll_interval``.
+
+A worker reads the claimed file (spooled to disk past a few MiB), calls the handler, records the
+result durably, then commits and replies (see :mod:`ftpbc.lifecycle`).  A handler that raises
+sends the request to ``inerror`` with the reason beside it and the caller gets an error reply at
+once.  Remote failures after the result is recorded are retried with backoff until they succeed
+or the node stops, in which case recovery finishes the job on the next start.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ftpbc.config.models import EndpointConfig
+from ftpbc.errors import FtpbcError, NotFound, TransportError
+from ftpbc.lifecycle import Claimed, Exchange
+from ftpbc.message import Message, result_bytes
+from ftpbc.node.locks import PollLock
+from ftpbc.patterns import Pattern
+
+log = logging.getLogger("ftpbc.provider")
+
+Handler = Callable[[Message], object]
+SPOOL_IN_MEMORY = 4 * 1024 * 1024
+LOCK_RETRY = 0.005
+
+
+@dataclass
+class ProviderStats:
+    served: int = 0
+    failed: int = 0
+    lost_races: int = 0
+    lost_claims: int = 0
+    polls: int = 0
+    latencies: list[float] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            for k, v in counts.items():
+                setattr(self, k, getattr(self, k) + v)
+
+
+class Provider:
+    def __init__(self, name: str, config: EndpointConfig, exchange: Exchange, handler: Handler,
+                 poll_lock: PollLock) -> None:
+        self.name = name
+        self.config = config
+        self.exchange = exchange
+        self.handler = handler
+        self.poll_lock = poll_lock
+        self.request_pattern = Pattern.parse(config.request_prefix + config.message_name)
+        self.oneway_pattern = Pattern.parse(config.oneway_prefix + config.message_name)
+        self.stats = ProviderStats()
+        self._stop = threading.Event()
+        self._slots = threading.BoundedSemaphore(config.workers)
+        self._pool = ThreadPoolExecutor(config.workers, thread_name_prefix=f"ftpbc-{name}")
+        self._thread: threading.Thread | None = None
+        self._in_flight = 0
+        self._in_flight_cv = threading.Condition()
+        self._reported: set[str] = set()
+
+    # ------------------------------------------------------------------ polling
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"poller-{self.name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        backoff = self.config.poll_interval
+        while not self._stop.is_set():
+            try:
+                found = self.poll_once()
+                backoff = self.config.poll_interval
+            except FtpbcError as exc:
+                log.warning("%s: poll failed: %s", self.name, exc)
+                found = 0
+                backoff = min(backoff * 2, max(self.config.poll_interval, 30.0))
+                self._stop.wait(backoff)
+                continue
+            if found > 0:
+                continue
+            self._stop.wait(LOCK_RETRY if found < 0 else self.config.poll_interval)
+
+    def _free_slots(self) -> int:
+        with self._in_flight_cv:
+            while self._in_flight >= self.config.workers and not self._stop.is_set():
+                self._in_flight_cv.wait(0.5)
+            return self.config.workers - self._in_flight
+
+    def poll_once(self) -> int:
+        """One poll: claimed count, 0 if nothing to do, -1 if another poller held the lock."""
+        free = min(self._free_slots(), self.config.max_per_poll)
+        if free <= 0 or self._stop.is_set():
+            return 0
+        with self.poll_lock.attempt() as held:
+            if not held:
+                return -1
+            self.stats.add(polls=1)
+            entries = self.exchange.transport.list(self.exchange.area.dir("in", "box"))
+            picks = []
+            for e in sorted(entries, key=lambda e: (e.mtime or 0, e.name)):  # type: ignore[operator, return-value]
+                if e.is_dir:
+                    continue
+                m = self.request_pattern.match(e.name) or self.oneway_pattern.match(e.name)
+                if m is None:
+                    self._report_foreign(e.name)
+                    continue
+                picks.append((e.name, m.uuid, e.size))
+                if len(picks) >= free:
+                    break
+            claimed, lost = self.exchange.claim("in", picks, "serve")
+        self.stats.add(lost_races=lost)
+        for c in claimed:
+            with self._in_flight_cv:
+                self._in_flight += 1
+            self._pool.submit(self._serve, c)
+        return len(claimed) if claimed else (1 if lost else 0)
+
+    def _report_foreign(self, name: str) -> None:
+        if name not in self._reported and len(self._reported) < 10_000:
+            self._reported.add(name)
+            log.warning("%s: %s in inbox does not match %r; left untouched", self.name, name,
+                        self.request_pattern.text)
+
+    # ------------------------------------------------------------------ serving
+
+    def _serve(self, claimed: Claimed) -> None:
+        try:
+            self._serve_one(claimed)
+        except Exception:
+            log.exception("%s: unexpected failure serving %s", self.name, claimed.name)
+        finally:
+            with self._in_flight_cv:
+                self._in_flight -= 1
+                self._in_flight_cv.notify_all()
+
+    def _serve_one(self, claimed: Claimed) -> None:
+        started = time.monotonic()
+        spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115
+        with spool:
+            try:
+                self.exchange.read(claimed, spool)  # type: ignore[arg-type]
+            except NotFound:
+                # Our claim vanished: a live node returned it, believing us dead.
+                self.exchange.journal.end(claimed.op_id)
+                self.stats.add(lost_claims=1)
+                return
+            except TransportError as exc:
+                log.warning("%s: cannot read %s, returning it to the inbox: %s", self.name, claimed.name, exc)
+                self._retry(lambda: self.exchange.unclaim(claimed))
+                return
+            respond = self.request_pattern.match(claimed.name) is not None
+            message = Message(self.name, claimed.name, claimed.uuid, claimed.size, spool)  # type: ignore[arg-type]
+            error: str | None = None
+            try:
+                body = result_bytes(self.handler(message))
+            except Exception as exc:  # the handler is user code: any failure is its reply
+                body = b""
+                error = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:2000]
+                log.warning("%s: handler failed on %s: %s", self.name, claimed.name, error)
+        fields = self.exchange.record_served(claimed, body, error=error, respond=respond)
+        ok = self._retry(lambda: self.exchange.finish_served(claimed.op_id, fields))
+        if ok is False:
+            self.stats.add(lost_claims=1)
+        elif ok:
+            self.stats.add(served=1 if error is None else 0, failed=1 if error is not None else 0)
+            with self.stats.lock:
+                self.stats.latencies.append(time.monotonic() - started)
+
+    def _retry(self, step: Callable[[], bool | None]) -> bool | None:
+        """Run an idempotent step until it succeeds or the node stops (recovery then finishes)."""
+        delay = 0.05
+        while True:
+            try:
+                return step()
+            except TransportError as exc:
+                if self._stop.is_set():
+                    log.warning("%s: stopping with a step unfinished (recovery will finish it): %s",
+                                self.name, exc)
+                    return None
+                log.warning("%s: retrying after: %s", self.name, exc)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    # ------------------------------------------------------------------ stopping
+
+    def stop(self, drain_timeout: float) -> bool:
+        """Stop polling, let in-flight handlers finish; True if all finished in time."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(drain_timeout, 1.0))
+        deadline = time.monotonic() + drain_timeout
+        with self._in_flight_cv:
+            while self._in_flight > 0 and time.monotonic() < deadline:
+                self._in_flight_cv.wait(min(0.1, max(deadline - time.monotonic(), 0.001)))
+            drained = self._in_flight == 0
+        self._pool.shutdown(wait=drained, cancel_futures=True)
+        return drained

@@ -1,0 +1,131 @@
+"""A serving node: what ``ftpbc serve`` runs.
+
+Start-up order matters: the heartbeat first (so no other node mistakes us for dead while we
+recover), then journal recovery (our own unfinished operations), then the pollers.  Shutdown
+is the reverse: stop polling, drain in-flight handlers within ``drain_timeout``, release locks,
+remove the heartbeat.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from ftpbc.config.models import Config
+from ftpbc.errors import ConfigError, FtpbcError
+from ftpbc.journal.recovery import Action, recover_endpoint
+from ftpbc.message import Message
+from ftpbc.node.locks import PollLock
+from ftpbc.node.provider import Provider
+from ftpbc.node.sweeper import Sweeper
+from ftpbc.runtime import Runtime
+
+log = logging.getLogger("ftpbc.node")
+
+Handler = Callable[[Message], object]
+
+
+def load_handler(spec: str, *, key: str, source: str) -> Handler:
+    """Import ``package.module:function``; ConfigError naming it if that fails."""
+    module_name, _, attr = spec.partition(":")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # so examples.handlers works from a checkout
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ConfigError(f"cannot import handler module {module_name!r}: {type(exc).__name__}: {exc}",
+                          file=source, key=key) from None
+    handler = getattr(module, attr, None)
+    if not callable(handler):
+        raise ConfigError(f"handler {spec!r}: {module_name} has no callable {attr!r}", file=source, key=key)
+    return handler  # type: ignore[no-any-return]
+
+
+def recover(runtime: Runtime) -> list[Action]:
+    """Replay this node's journal; endpoints no longer configured are reported, not touched."""
+    actions: list[Action] = []
+    for endpoint, ops in runtime.journal.all_pending().items():
+        if endpoint not in runtime.config.endpoints:
+            actions.extend(Action(endpoint, op.op_id, op.kind, "skipped: endpoint not configured")
+                           for op in ops)
+            continue
+        actions.extend(recover_endpoint(runtime.exchange(endpoint)))
+    return actions
+
+
+class Node:
+    def __init__(self, config: Config, handlers: dict[str, Handler] | None = None) -> None:
+        self.config = config
+        served = {name: ep for name, ep in config.endpoints.items() if ep.handler or (handlers and name in handlers)}
+        self.handlers: dict[str, Handler] = {}
+        for name, ep in served.items():
+            if handlers and name in handlers:
+                self.handlers[name] = handlers[name]
+            else:
+                assert ep.handler is not None
+                self.handlers[name] = load_handler(ep.handler, key=f"endpoints.{name}.handler",
+                                                   source=config.source)
+        workers = sum(config.endpoints[n].workers for n in self.handlers)
+        self.runtime = Runtime(config, connections=workers + 2 * len(self.handlers) + 1)
+        self.providers: dict[str, Provider] = {}
+        self.sweepers: list[Sweeper] = []
+        self.recovered: list[Action] = []
+        self._stop = threading.Event()
+        self._sweep_thread: threading.Thread | None = None
+
+    @property
+    def node_id(self) -> str:
+        return self.config.node.id
+
+    def start(self) -> None:
+        node = self.config.node
+        self.runtime.heartbeat.start()
+        self.recovered = recover(self.runtime)
+        for name, handler in self.handlers.items():
+            ep = self.config.endpoints[name]
+            ex = self.runtime.exchange(name)
+            provider = Provider(name, ep, ex, handler, PollLock(node.state_dir, name, ep.lock))
+            self.providers[name] = provider
+            self.sweepers.append(Sweeper(name, ep, ex, Path(node.state_dir), node.lease))
+            server = self.config.servers[ep.server]
+            log.info("serving %s on %s%s (lock: %s, workers: %d, node: %s)", name, server.display,
+                     ep.repository, ep.lock, ep.workers, self.node_id)
+        for provider in self.providers.values():
+            provider.start()
+        self._sweep_thread = threading.Thread(target=self._sweep_loop, name="sweeper", daemon=True)
+        self._sweep_thread.start()
+
+    def _sweep_loop(self) -> None:
+        interval = self.config.node.lease / 3
+        while not self._stop.wait(interval):
+            for s in self.sweepers:
+                try:
+                    s.sweep()
+                except FtpbcError as exc:
+                    log.warning("%s: sweep failed: %s", s.endpoint, exc)
+
+    def stop(self, drain_timeout: float | None = None) -> bool:
+        """Stop polling and drain; True if every in-flight handler finished in time."""
+        self._stop.set()
+        drained = True
+        for name, provider in self.providers.items():
+            limit = self.config.endpoints[name].drain_timeout if drain_timeout is None else drain_timeout
+            drained = provider.stop(limit) and drained
+        if self._sweep_thread is not None:
+            self._sweep_thread.join(timeout=5)
+        # A node that did not drain keeps its heartbeat file: its claims stay its own until the
+        # lease runs out or it restarts and recovers them.
+        self.runtime.heartbeat.stop(remove=drained)
+        self.runtime.close()
+        return drained
+
+    def __enter__(self) -> Node:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
