@@ -6,8 +6,10 @@ a known_hosts file holding the server's key, so host key verification stays ON i
 Remote paths are absolute on the server, so the URL's base is the temporary root directory and
 remote ``/`` maps to it.
 
-Controls: ``drop_connections`` kills the per-connection sshd processes (the listener stays),
-``restart`` stops and starts the listener on the same port.
+Controls: ``drop_connections`` kills the per-connection sshd processes (the listener stays);
+``pause_connections`` / ``resume_connections`` SIGSTOP / SIGCONT them (requests reach the kernel
+but get no reply: the "outcome unknown" case); ``restart`` stops and starts the listener on the
+same port.
 
 ``sshd_password_login`` (session scope, only built when a test asks for it) creates a dedicated
 system user with a random password, because password login as root would need root's password
@@ -79,10 +81,26 @@ class SshdProcess:
         wait_until(lambda: not any(_alive(c) for c in children), timeout=5,
                    what="killed sshd connection processes to exit")
 
+    def pause_connections(self) -> None:
+        """SIGSTOP the per-connection processes: requests are accepted by TCP, never answered."""
+        self._signal_children(signal.SIGSTOP)
+
+    def resume_connections(self) -> None:
+        self._signal_children(signal.SIGCONT)
+
+    def _signal_children(self, sig: int) -> None:
+        assert self.proc is not None
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                child.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+
     def stop(self) -> None:
         if self.proc is None:
             return
         if self.proc.poll() is None:
+            self.resume_connections()
             self.drop_connections()
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -193,6 +211,8 @@ def sshd_server(sshd_process: SshdProcess) -> ServerHandle:
         options={"key_file": sshd_process.client_keys["ed25519"],
                  "known_hosts": sshd_process.workdir / "known_hosts"},
         controls={"drop_connections": sshd_process.drop_connections,
+                  "pause_connections": sshd_process.pause_connections,
+                  "resume_connections": sshd_process.resume_connections,
                   "restart": sshd_process.restart},
     )
 
