@@ -203,3 +203,45 @@ def test_sigkill_while_incrementing_never_tears_the_file_nor_repeats_a_value(
         assert len(values) == len(set(values)), "a value was handed out twice"
         assert max(values) < on_disk, f"handed out {max(values)} but the file holds {on_disk}"
     assert store.next("global", None, "crashy") == on_disk
+
+
+# ----------------------------------------------------------------------------- ftpbc seq
+
+
+def test_seq_command_sets_and_shows_what_the_nodes_draw(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from ftpbc.cli import cli
+
+    config = tmp_path / "ftpbc.yaml"
+    config.write_text(
+        f"node:\n  state_dir: {tmp_path}/state\n  journal_dir: {tmp_path}/journal\n"
+        f"servers:\n  files:\n    url: file://{tmp_path}/repo\n"
+        "endpoints:\n  quote:\n    server: files\n    repository: /quote\n    message_name: '%u.%{myseq}'\n")
+    store = SequenceStore(tmp_path / "journal", tmp_path / "state")
+    runner = CliRunner()
+
+    def run(*args: str) -> str:
+        result = runner.invoke(cli, ["seq", "-c", str(config), *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    assert "myseq: 0 -> 1056" in run("set", "myseq", "1056")
+    run("set", "quote:%3", "7")
+    run("set", "quote:%{0}", "2")
+    assert store.next("global", None, "myseq") == 1056  # what a node then hands out
+    assert store.next("local", "quote", "3") == 7
+    assert store.next("shared", "quote", "0") == 2
+    table = run("show").splitlines()
+    assert table[0].split() == ["KIND", "SEQUENCE", "NEXT", "FILE"]
+    assert [line.split()[:3] for line in table[1:]] == [
+        ["local", "quote:%3", "8"], ["shared", "quote:%{0}", "3"], ["global", "%{myseq}", "1057"]]
+    assert run("show", "%{myseq}").split()[:2] == ["%{myseq}", "1057"]
+
+    bad = runner.invoke(cli, ["seq", "-c", str(config), "set", "other:%1", "5"])
+    assert bad.exit_code == 2 and "unknown endpoint 'other' (defined: quote)" in bad.output
+    bad = runner.invoke(cli, ["seq", "-c", str(config), "set", "%1", "5"])
+    assert bad.exit_code == 2 and "write ENDPOINT:%1" in bad.output
+    (tmp_path / "state" / "sequences" / "myseq").write_text("junk\n")
+    with pytest.raises(SequenceError, match="myseq: expected a decimal number"):
+        runner.invoke(cli, ["seq", "-c", str(config), "show"], catch_exceptions=False)

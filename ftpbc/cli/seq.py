@@ -58,16 +58,18 @@ def parse_name(config: Config, name: str) -> tuple[SequenceKind, str | None, str
 
 
 @click.group()
-def seq() -> None:
+@config_option
+@click.pass_context
+def seq(ctx: click.Context, config_path: str) -> None:
     """Show or set persisted sequence numbers (%0-%9, %{0}-%{9}, %{name})."""
+    ctx.obj = load(config_path)
 
 
 @seq.command()
-@config_option
 @click.argument("name", required=False)
-def show(config_path: str, name: str | None) -> None:
+@click.pass_obj
+def show(config: Config, name: str | None) -> None:
     """List sequences and the value each will hand out next (or only NAME)."""
-    config = load(config_path)
     store = store_for(config)
     if name is not None:
         kind, endpoint, key = parse_name(config, name)
@@ -83,12 +85,11 @@ def show(config_path: str, name: str | None) -> None:
 
 
 @seq.command(name="set")
-@config_option
 @click.argument("name")
 @click.argument("value", type=click.IntRange(min=0))
-def set_(config_path: str, name: str, value: int) -> None:
+@click.pass_obj
+def set_(config: Config, name: str, value: int) -> None:
     """Make sequence NAME hand out VALUE next (under the same lock as the nodes)."""
-    config = load(config_path)
     store = store_for(config)
     kind, endpoint, key = parse_name(config, name)
     before = store.get(kind, endpoint, key)
