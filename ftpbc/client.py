@@ -104,7 +104,8 @@ class _ResponsePoller:
             self.exchange.journal.end(claimed.op_id)  # returned by a sweeper; seen next poll
             return
         except TransportError as exc:
-            log.warning("%s: cannot read %s, leaving it for the next poll: %s", self.endpoint, claimed.name, exc)
+            log.warning("%s: cannot read %s, leaving it for the next poll: %s",
+                        self.endpoint, claimed.name, exc)
             self.exchange.unclaim(claimed)
             return
         from ftpbc.faults import crash_point
@@ -164,7 +165,8 @@ class Client:
         ex.send("in", name, _bytes(body), op_id=op_id_for(uid, "send"), kind="request")
         return uid
 
-    def collect(self, endpoint: str, uuid: str, timeout: float | None = None) -> bytes:
+    def collect(self, endpoint: str, uuid: str, timeout: float | None = None, *,
+                request_name: str | None = None) -> bytes:
         """The response to request ``uuid``, waiting up to ``timeout`` (default: the endpoint's).
 
         Raises RemoteHandlerError if the provider's handler failed, RequestTimeout if nothing
@@ -172,15 +174,16 @@ class Client:
         """
         ep = self.config.endpoint(endpoint)
         limit = ep.timeout if timeout is None else timeout
+        request_file = f"{ep.repository}/inbox/{request_name or ep.request_prefix + uuid}"
         poller = self._poller(endpoint)
         fut = poller.wait_for(uuid)
         try:
             body, is_error = fut.result(timeout=limit)
         except FutureTimeout:
             poller.forget(uuid)
-            raise RequestTimeout(endpoint, f"{ep.repository}/inbox/{ep.request_prefix}{uuid}", limit) from None
+            raise RequestTimeout(endpoint, request_file, limit) from None
         if is_error:
-            raise RemoteHandlerError(endpoint, f"{ep.request_prefix}{uuid}", body.decode("utf-8", "replace"))
+            raise RemoteHandlerError(endpoint, request_file, body.decode("utf-8", "replace"))
         return body
 
     def request(self, endpoint: str, body: bytes | str | BinaryIO, timeout: float | None = None) -> bytes:
@@ -199,7 +202,7 @@ class Client:
             poller.forget(uid)
             raise
         try:
-            return self.collect(endpoint, uid, timeout)
+            return self.collect(endpoint, uid, timeout, request_name=name)
         except RequestTimeout:
             try:
                 ex.transport.delete(ex.area.path("in", "box", name))

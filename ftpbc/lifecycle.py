@@ -4,7 +4,8 @@ collect, archive, each remote write preceded by its journal record.
 Who calls what
     a client      :meth:`Exchange.send` a request, then :meth:`claim` / :meth:`read` /
                   :meth:`finish_collect` its response;
-    a provider    :meth:`claim` / :meth:`read` a request, then :meth:`record_served` and :meth:`finish_served`.
+    a provider    :meth:`claim` / :meth:`read` a request, then :meth:`record_served` and
+                  :meth:`finish_served`.
 
 The provider's order is what makes a crash decidable from the server alone::
 
@@ -24,7 +25,7 @@ import io
 import logging
 import threading
 import uuid as uuidlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import BinaryIO
@@ -144,7 +145,7 @@ class Exchange:
 
     # ------------------------------------------------------------------ claiming and reading
 
-    def claim(self, direction: Direction, names: list[tuple[str, str | None, int]],
+    def claim(self, direction: Direction, names: Sequence[tuple[str, str | None, int]],
               role: str) -> tuple[list[Claimed], int]:
         """Claim ``(name, uuid, size)`` files from the box; return (claimed, races lost).
 

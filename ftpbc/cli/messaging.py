@@ -6,11 +6,11 @@ import sys
 
 import click
 
-from ftpbc.cli.common import config_option, load, node_id_option, read_body
+from ftpbc.cli.common import F, config_option, load, node_id_option, read_body
 from ftpbc.errors import RequestTimeout
 
 
-def _body_options(f):  # type: ignore[no-untyped-def]
+def _body_options(f: F) -> F:
     f = click.argument("stdin", required=False, type=click.Choice(["-"]))(f)
     f = click.option("--file", "file", type=click.Path(dir_okay=False), help="Read the body from a file.")(f)
     f = click.option("--data", help="The body, as text.")(f)

@@ -70,7 +70,8 @@ class ServerConfig(BaseModel):
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         if scheme not in DEFAULT_PORTS:
-            raise ValueError(f"unknown URL scheme {parts.scheme!r} in {url!r} (expected ftp, ftps, sftp or file)")
+            raise ValueError(
+                f"unknown URL scheme {parts.scheme!r} in {url!r} (expected ftp, ftps, sftp or file)")
         if parts.password is not None:
             raise ValueError(
                 f"the url {_redact(url)!r} carries a password; use password_env or password_file instead")

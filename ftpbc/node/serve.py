@@ -60,10 +60,11 @@ def recover(runtime: Runtime) -> list[Action]:
 class Node:
     def __init__(self, config: Config, handlers: dict[str, Handler] | None = None) -> None:
         self.config = config
-        served = {name: ep for name, ep in config.endpoints.items() if ep.handler or (handlers and name in handlers)}
+        handlers = handlers or {}
+        served = {name: ep for name, ep in config.endpoints.items() if ep.handler or name in handlers}
         self.handlers: dict[str, Handler] = {}
         for name, ep in served.items():
-            if handlers and name in handlers:
+            if name in handlers:
                 self.handlers[name] = handlers[name]
             else:
                 assert ep.handler is not None
