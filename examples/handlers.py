@@ -45,4 +45,6 @@ def tagged(message: Message) -> str:
     ``--node-id`` of each ``ftpbc serve`` process), else the process id.
     """
     node = os.environ.get("FTPBC_NODE_TAG") or f"pid-{os.getpid()}"
-    return json.dumps({"node": node, "body": message.text(), "sha256": hashlib.sha256(message.body).hexdigest()})
+    body = message.body
+    return json.dumps({"node": node, "body": body.decode("utf-8"),
+                       "sha256": hashlib.sha256(body).hexdigest()})
