@@ -15,6 +15,7 @@ from ftpbc.errors import FtpbcError
 
 #: command name -> "module:attribute" of a click command.
 LAZY_COMMANDS: dict[str, str] = {
+    "aggregate": "ftpbc.cli.aggregate:aggregate",
     "seq": "ftpbc.cli.seq:seq",
     "serve": "ftpbc.cli.serve:serve",
     "recover": "ftpbc.cli.serve:recover",

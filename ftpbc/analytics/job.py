@@ -1,0 +1,175 @@
+"""The aggregation run: list (or mirror) the archives, compute the figures, write every output.
+
+Runnable as ``ftpbc aggregate ...`` or ``spark-submit ftpbc/analytics/job.py ...`` (same options;
+``main()`` below).  Outputs under ``--out``::
+
+    figures.parquet / figures.csv   per endpoint and bucket (figures.by_bucket)
+    nodes.parquet / nodes.csv       per endpoint, bucket and node (figures.by_node)
+    unanswered/ (Parquet), unanswered_csv/   the requests that never got a reply
+    chart.png                       requests and latency percentiles over time
+    mirror/                         the incremental listing mirror of FTP/SFTP areas (a cache)
+
+Routes: a ``file://`` area is listed by Spark itself; FTP, FTPS and SFTP areas are listed by
+ftpbc's transport into the mirror, which Spark reads with an explicit schema.  Either way no
+server credential reaches Spark: it only ever sees local paths and names.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import reduce
+from pathlib import Path
+from typing import Any
+
+from ftpbc.analytics.sources import ARCHIVE_FOLDERS, ArchiveSource
+from ftpbc.errors import ConfigError
+
+_DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
+_UNIT_US = {"s": 1_000_000, "m": 60_000_000, "h": 3_600_000_000, "d": 86_400_000_000}
+
+
+def parse_bucket(text: str) -> int:
+    """``15m`` -> microseconds; ConfigError naming the value otherwise."""
+    m = _DURATION.match(text.strip())
+    if not m or int(m.group(1)) == 0:
+        raise ConfigError(f"--bucket {text!r}: expected a duration like 30s, 15m, 1h or 1d")
+    return int(m.group(1)) * _UNIT_US[m.group(2)]
+
+
+def parse_time(text: str, option: str) -> int:
+    """ISO 8601 (naive = UTC) -> microseconds since the epoch."""
+    from ftpbc.analytics.records import EPOCH, US
+
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"{option} {text!r}: expected an ISO 8601 time like 2026-03-01T12:00") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=EPOCH.tzinfo)
+    return (when - EPOCH) // US
+
+
+@dataclass
+class Options:
+    sources: list[ArchiveSource]
+    out: Path
+    bucket: str = "1h"
+    since: str | None = None
+    until: str | None = None
+    master: str = "local[*]"
+    #: "auto": Spark lists file:// areas itself, the mirror serves the others; "mirror": all mirrored
+    route: str = "auto"
+    mirror: Path | None = None
+    compacted: Path | None = None
+    progress: bool = True
+    print_table: bool = True
+    spark_conf: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Result:
+    figures: list[dict[str, Any]]
+    nodes: list[dict[str, Any]]
+    unanswered: int
+    chart: Path
+    mirrored_new: int
+
+
+def run(opts: Options, spark: Any = None) -> Result:
+    """The whole aggregation; ``spark`` reuses a session (tests), else one is built from ``--master``."""
+    from ftpbc.analytics import figures as fg
+    from ftpbc.analytics.chart import draw
+    from ftpbc.analytics.mirror import part_files, update_mirror
+
+    window = fg.Window(parse_bucket(opts.bucket),
+                       parse_time(opts.since, "--since") if opts.since else None,
+                       parse_time(opts.until, "--until") if opts.until else None)
+    mirror_root = opts.mirror or opts.out / "mirror"
+    direct = [s for s in opts.sources if s.server.scheme == "file" and opts.route == "auto"]
+    mirrored = [s for s in opts.sources if s not in direct]
+    stats_new = 0
+    if mirrored:
+        stats = update_mirror(mirror_root, mirrored, progress=opts.progress)
+        stats_new = stats.new
+    if spark is None:
+        spark = fg.session(opts.master, extra=opts.spark_conf)
+    frames = []
+    for s in direct:
+        for folder in ARCHIVE_FOLDERS:
+            local = Path(s.server.base) / s.folder_path(folder).lstrip("/")
+            if local.is_dir() and any(local.iterdir()):
+                frames.append(fg.read_local_folder(spark, str(local), s.endpoint, folder))
+    m = fg.read_mirror(spark, part_files(mirror_root, mirrored))
+    if m is not None:
+        frames.append(m)
+    compacted = fg.read_compacted(spark, opts.compacted or opts.out / "compacted",
+                                  [s.endpoint for s in opts.sources])
+    if compacted is not None:
+        frames.append(compacted)
+    if not frames:
+        raise ConfigError("no archive folder found for endpoints "
+                          + ", ".join(s.endpoint for s in opts.sources))
+    raw = reduce(lambda a, b: a.unionByName(b), frames)
+    parsed = fg.parse(raw, {s.endpoint: s.naming() for s in opts.sources})
+    pairs = fg.pairs(parsed, window).cache()
+    try:
+        rows = fg.to_rows(fg.by_bucket(pairs))
+        nodes = fg.to_rows(fg.by_node(pairs))
+        opts.out.mkdir(parents=True, exist_ok=True)
+        _write_small(rows, opts.out / "figures")
+        _write_small(nodes, opts.out / "nodes")
+        un = fg.unanswered(pairs)
+        un.write.mode("overwrite").parquet(str(opts.out / "unanswered"))
+        un.write.mode("overwrite").option("header", True).csv(str(opts.out / "unanswered_csv"))
+        n_un = sum(r["unanswered"] for r in rows)
+    finally:
+        pairs.unpersist()
+    chart = draw(rows, opts.out / "chart.png", bucket_label=opts.bucket)
+    if opts.print_table:
+        print(format_table(rows))
+    return Result(rows, nodes, n_un, chart, stats_new)
+
+
+def _write_small(rows: Sequence[dict[str, Any]], stem: Path) -> None:
+    """Parquet and CSV of a driver-side result (figures are endpoints x buckets: small)."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(list(rows))
+    pq.write_table(table, stem.with_suffix(".parquet"))
+    pcsv.write_csv(table, stem.with_suffix(".csv"))
+
+
+_COLUMNS = (("endpoint", "endpoint", "{}"), ("bucket", "bucket (UTC)", "{:%Y-%m-%d %H:%M}"),
+            ("requests", "req", "{}"), ("responses", "resp", "{}"), ("errors", "err", "{}"),
+            ("unanswered", "unans", "{}"), ("uncollected", "uncoll", "{}"),
+            ("latency_p50_ms", "p50 ms", "{:.0f}"), ("latency_p95_ms", "p95 ms", "{:.0f}"),
+            ("latency_p99_ms", "p99 ms", "{:.0f}"), ("latency_max_ms", "max ms", "{:.0f}"),
+            ("t0_source", "T0 from", "{}"), ("t0_precision_ms", "T0 prec ms", "{:g}"))
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    cells = [[h for _, h, _ in _COLUMNS]]
+    for r in rows:
+        cells.append([fmt.format(r[k]) if r[k] is not None else "-" for k, _, fmt in _COLUMNS])
+    widths = [max(len(row[i]) for row in cells) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(c.rjust(w) if i > 1 else c.ljust(w)
+                       for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in cells]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``spark-submit ftpbc/analytics/job.py -c ftpbc.yaml ...``: the CLI command, same options."""
+    from ftpbc.cli.aggregate import aggregate
+
+    aggregate.main(args=list(argv) if argv is not None else sys.argv[1:], prog_name="ftpbc-aggregate")
+
+
+if __name__ == "__main__":
+    main()
