@@ -219,16 +219,19 @@ class Exchange:
         crash_point("serve.after-result")
         return fields
 
-    def finish_served(self, op_id: str, fields: dict[str, str]) -> bool:
+    def finish_served(self, op_id: str, fields: dict[str, str], *, fresh: bool = False) -> bool:
         """Carry a ``served`` operation to its end; idempotent, so recovery calls it too.
 
-        Returns False when this node had lost the claim (another node serves the request).
+        ``fresh`` says the caller has just recorded the result and nothing since touched the
+        server, so the claim is known to be there and no response staged: the two ``stat`` round
+        trips that recovery needs are skipped on the hot path.  Returns False when this node had
+        lost the claim (another node serves the request).
         """
         t = self.transport
         claim, archived = fields["claim"], fields["archived"]
         resp_stage, resp_target = fields.get("resp_stage"), fields.get("resp_target")
-        staged = resp_stage is not None and t.exists(resp_stage)
-        if t.exists(claim):
+        staged = False if fresh else resp_stage is not None and t.exists(resp_stage)
+        if fresh or t.exists(claim):
             if resp_stage and not staged:
                 t.put(resp_stage, io.BytesIO(self.journal.load_result(fields)))
                 staged = True

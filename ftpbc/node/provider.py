@@ -171,7 +171,10 @@ class Provider:
                 error = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:2000]
                 log.warning("%s: handler failed on %s: %s", self.name, claimed.name, error)
         fields = self.exchange.record_served(claimed, body, error=error, respond=respond)
-        ok = self._retry(lambda: self.exchange.finish_served(claimed.op_id, fields))
+        attempts = iter(range(1 << 30))
+        # The first attempt knows the server's state; a retry must re-check it (stat calls).
+        ok = self._retry(lambda: self.exchange.finish_served(claimed.op_id, fields,
+                                                             fresh=next(attempts) == 0))
         if ok is False:
             self.stats.add(lost_claims=1)
         elif ok:
