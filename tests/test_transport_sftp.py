@@ -20,7 +20,14 @@ import psutil
 import pytest
 
 from ftpbc.config.servers import ServerConfig
-from ftpbc.errors import AuthenticationFailed, HostKeyRejected, NotFound, OutcomeUnknown, SourceGone
+from ftpbc.errors import (
+    AuthenticationFailed,
+    HostKeyRejected,
+    NotFound,
+    OutcomeUnknown,
+    SourceGone,
+    TransportError,
+)
 from ftpbc.transport.sftp import SFTPTransport, fingerprint
 from tests.servers.handle import ServerHandle
 from tests.servers.sshd import CLIENT_KEY_TYPES, SshdProcess
@@ -272,3 +279,18 @@ def test_sockets_have_nagle_disabled(sshd_server: ServerHandle) -> None:
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
         finally:
             t._pool.release(session)
+
+
+@pytest.mark.parametrize("size", [10, 3 << 20], ids=["one-request", "pipelined"])
+def test_a_failed_write_fails_the_put(sshd_server: ServerHandle, size: int) -> None:
+    # /dev/full accepts open and refuses every write (ENOSPC): the last replies of a pipelined
+    # put must be checked, or a truncated message would be renamed into place as complete.
+    d = sshd_server.fresh_dir()
+    sshd_server.local(f"{d}/full").symlink_to("/dev/full")
+    with SFTPTransport(sshd_server.config()) as t:
+        with pytest.raises(TransportError, match="write failed") as err:
+            _put_bytes(t, f"{d}/full", b"x" * size)
+        assert f"{d}/full" in str(err.value) and t.server in str(err.value)
+        _put_bytes(t, f"{d}/ok", b"still usable")
+        assert t.connects == 1
+    assert sshd_server.local(f"{d}/ok").read_bytes() == b"still usable"

@@ -52,12 +52,19 @@ from typing import Any, BinaryIO, TypeVar, cast
 import paramiko
 from paramiko.message import Message
 from paramiko.sftp import (
+    CMD_CLOSE,
     CMD_DATA,
+    CMD_HANDLE,
     CMD_INIT,
+    CMD_OPEN,
     CMD_READ,
     CMD_STATUS,
     CMD_VERSION,
+    CMD_WRITE,
     SFTP_EOF,
+    SFTP_FLAG_CREATE,
+    SFTP_FLAG_TRUNC,
+    SFTP_FLAG_WRITE,
     SFTP_NO_SUCH_FILE,
     SFTP_OK,
     SFTP_OP_UNSUPPORTED,
@@ -86,16 +93,17 @@ from ftpbc.transport.pool import Pool
 T = TypeVar("T")
 
 CHUNK = 1 << 20
-#: bytes per SFTP READ request: 32 KiB is what every server must accept (SFTPv3 section 3)
-READ_REQUEST = 32 * 1024
-#: READ requests in flight during a get: 2 MiB, paramiko's default channel window, which is
-#: enough to keep loopback busy and is all the memory a get holds
-READ_DEPTH = 64
+#: bytes per SFTP READ or WRITE request: 32 KiB is what every server must accept (SFTPv3 s. 3)
+REQUEST_SIZE = 32 * 1024
+#: requests in flight during a put or get: 2 MiB, paramiko's default channel window, which is
+#: enough to keep loopback busy and is all the memory a transfer holds
+PIPELINE_DEPTH = 64
 #: an idle session older than this is probed with a round trip before reuse
 PROBE_AFTER = 15.0
 POSIX_RENAME = "posix-rename@openssh.com"
 
 _SFTP_VERSION = 3
+_WRITE_FLAGS = SFTP_FLAG_WRITE | SFTP_FLAG_CREATE | SFTP_FLAG_TRUNC
 _known_hosts_lock = threading.Lock()
 
 
@@ -155,14 +163,8 @@ class _Client(paramiko.SFTPClient):
         raise _Status(code, text)
 
 
-class _PipelinedReader:
-    """Copies a remote file with up to READ_DEPTH READ requests in flight, in order.
-
-    paramiko's own ``prefetch`` is not used: when the reader catches up with the prefetch
-    thread it falls back to synchronous reads while the thread goes on requesting the whole
-    file, whose replies then pile up unread (a 64 MiB get held 40 MiB and read the file twice).
-    Here a request is only sent when a reply has been consumed, so memory is bounded.
-    """
+class _Replies:
+    """Collects the replies paramiko's ``_read_response`` routes to the requests made with it."""
 
     def __init__(self, client: _Client, handle: bytes) -> None:
         self.client = client
@@ -170,8 +172,69 @@ class _PipelinedReader:
         self.replies: dict[int, tuple[int, Message]] = {}
 
     def _async_response(self, t: int, msg: Message, num: int) -> None:
-        # Called by paramiko's _read_response for replies to requests made with ``self``.
         self.replies[num] = (t, msg)
+
+    def _send(self, kind: int, *args: Any) -> int:
+        return int(self.client._async_request(self, kind, self.handle, *args))  # type: ignore[attr-defined]
+
+    def _wait(self, num: int) -> tuple[int, Message]:
+        while num not in self.replies:
+            self.client._read_response()  # type: ignore[attr-defined]
+        return self.replies.pop(num)
+
+
+class _PipelinedWriter(_Replies):
+    """Writes a stream and closes the handle, with up to PIPELINE_DEPTH requests in flight.
+
+    Every WRITE reply and the CLOSE reply are checked.  paramiko's pipelined SFTPFile is not
+    used: it drops the status of the last writes (their replies reach no one while CLOSE is
+    awaited), so a write to a full disk reported success.  CLOSE is sent behind the last writes
+    without waiting for them, so a small put costs two round trips (OPEN, then WRITE+CLOSE).
+    """
+
+    def write_and_close(self, stream: BinaryIO) -> int:
+        pending: deque[int] = deque()
+        offset = 0
+        failure: _Status | None = None
+        try:
+            while failure is None and (chunk := stream.read(CHUNK)):
+                view = memoryview(chunk)
+                for start in range(0, len(view), REQUEST_SIZE):
+                    if len(pending) >= PIPELINE_DEPTH:
+                        failure = self._check(pending.popleft())
+                        if failure is not None:
+                            break
+                    piece = bytes(view[start:start + REQUEST_SIZE])
+                    pending.append(self._send(CMD_WRITE, int64(offset), piece))
+                    offset += len(piece)
+        finally:
+            # Also when the stream raised: the handle must be closed for the session to be reused.
+            pending.append(self._send(CMD_CLOSE))
+            for num in pending:
+                failure = self._check(num) or failure
+        if failure is not None:
+            raise failure
+        return offset
+
+    def _check(self, num: int) -> _Status | None:
+        kind, msg = self._wait(num)
+        if kind != CMD_STATUS:
+            raise SFTPError(f"expected a STATUS reply, got packet type {kind}")
+        try:
+            self.client._convert_status(msg)
+        except _Status as exc:
+            return exc
+        return None
+
+
+class _PipelinedReader(_Replies):
+    """Copies a remote file with up to PIPELINE_DEPTH READ requests in flight, in order.
+
+    paramiko's own ``prefetch`` is not used: when the reader catches up with the prefetch
+    thread it falls back to synchronous reads while the thread goes on requesting the whole
+    file, whose replies then pile up unread (a 64 MiB get held 40 MiB and read the file twice).
+    Here a request is only sent when a reply has been consumed, so memory is bounded.
+    """
 
     def copy(self, size: int, stream: BinaryIO) -> int:
         """Read ``size`` bytes (fewer if the file is shorter) into ``stream``; return the count."""
@@ -180,15 +243,12 @@ class _PipelinedReader:
         total = 0
         ahead = 0  # next offset to request
         while total < size:
-            while ahead < size and len(pending) < READ_DEPTH:
-                length = min(READ_REQUEST, size - ahead)
-                num = c._async_request(self, CMD_READ, self.handle, int64(ahead), length)  # type: ignore[attr-defined]
-                pending.append((num, ahead, length))
+            while ahead < size and len(pending) < PIPELINE_DEPTH:
+                length = min(REQUEST_SIZE, size - ahead)
+                pending.append((self._send(CMD_READ, int64(ahead), length), ahead, length))
                 ahead += length
             num, offset, length = pending.popleft()
-            while num not in self.replies:
-                c._read_response()  # type: ignore[attr-defined]
-            kind, msg = self.replies.pop(num)
+            kind, msg = self._wait(num)
             if kind == CMD_STATUS:
                 try:
                     c._convert_status(msg)
@@ -464,14 +524,14 @@ class SFTPTransport(Transport):
         remote = self._remote(path)
 
         def op(c: _Client) -> int:
-            total = 0
-            with c.open(remote, "wb") as fh:
-                # Pipelined: writes are not waited for one by one; errors surface at close.
-                fh.set_pipelined(True)
-                while chunk := stream.read(CHUNK):
-                    fh.write(chunk)
-                    total += len(chunk)
-            return total
+            kind, msg = c._request(CMD_OPEN, remote, _WRITE_FLAGS, paramiko.SFTPAttributes())  # type: ignore[attr-defined]
+            if kind != CMD_HANDLE:
+                raise SFTPError(f"expected a HANDLE reply to OPEN, got packet type {kind}")
+            handle = msg.get_binary()
+            try:
+                return _PipelinedWriter(c, handle).write_and_close(stream)
+            except _Status as exc:
+                raise _status_error(exc, server=self.server, path=path, prefix="write failed: ") from None
 
         return self._run(path, op, timeout)
 
