@@ -1,17 +1,23 @@
-"""Example handlers, importable as ``examples.handlers:<name>`` from a checkout of ftpbc.
+"""Example handlers for ``endpoints.<name>.handler: examples.handlers:<function>``.
 
-A handler receives a :class:`ftpbc.message.Message` and returns the response body (bytes, text
-or None for an empty one).  Raising an exception sends the request to ``inerror`` and the caller
-gets a RemoteHandlerError carrying the exception's text.
+A handler receives a :class:`ftpbc.message.Message` and returns the response body (bytes or
+str; None for an empty one).  Whatever it raises becomes an error reply: the caller's
+``ftpbc request`` exits 4 with the reason, and the request lands in ``inerror`` with a
+``.reason`` file beside it.  ``ftpbc serve`` imports these from the working directory, so run it
+from the repository root (or put this directory on PYTHONPATH).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-
 from ftpbc.message import Message
+
+#: made-up mid prices for quote(); a real handler would ask a pricing service
+PRICES: dict[str, str] = {
+    "EURUSD": "1.0842",
+    "GBPUSD": "1.2671",
+    "USDJPY": "151.37",
+    "USDCHF": "0.9013",
+}
 
 
 def echo(message: Message) -> bytes:
@@ -20,31 +26,18 @@ def echo(message: Message) -> bytes:
 
 
 def upper(message: Message) -> str:
-    """The request text in capitals."""
+    """The request body (UTF-8 text) in upper case."""
     return message.text().upper()
 
 
+def quote(message: Message) -> str:
+    """``EURUSD`` -> ``EURUSD 1.0842``; an unknown symbol is an error reply naming it."""
+    symbol = message.text().strip().upper()
+    if symbol not in PRICES:
+        raise KeyError(f"no price for {symbol!r} (known: {', '.join(sorted(PRICES))})")
+    return f"{symbol} {PRICES[symbol]}"
+
+
 def fail(message: Message) -> bytes:
-    """Always fails: shows how a handler's exception reaches the caller."""
-    raise ValueError(f"refusing {message.name}: this handler always fails")
-
-
-def sha256(message: Message) -> str:
-    """The SHA-256 of the body, read as a stream (works for bodies larger than memory)."""
-    digest = hashlib.sha256()
-    stream = message.stream
-    while chunk := stream.read(1024 * 1024):
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
-def tagged(message: Message) -> str:
-    """JSON naming the serving node and echoing the body, so a caller can tell who served it.
-
-    The node is the ``FTPBC_NODE_TAG`` environment variable (the cluster tests set it to the
-    ``--node-id`` of each ``ftpbc serve`` process), else the process id.
-    """
-    node = os.environ.get("FTPBC_NODE_TAG") or f"pid-{os.getpid()}"
-    body = message.body
-    return json.dumps({"node": node, "body": body.decode("utf-8"),
-                       "sha256": hashlib.sha256(body).hexdigest()})
+    """Always raises: shows what a caller sees when a handler fails."""
+    raise RuntimeError(f"fail handler refuses {message.name} ({message.size} bytes) on purpose")

@@ -1,0 +1,109 @@
+"""``ftpbc demo`` (the whole request/response path on one machine) and ``ftpbc ftpd`` (the
+embedded FTP server on its own, for docker-compose and for trying a configuration by hand)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from ftpbc.errors import ConfigError
+
+
+@click.command()
+@click.option("--requests", "requests", type=click.IntRange(1, 100_000), default=300, show_default=True,
+              help="How many requests to send.")
+@click.option("--clients", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Client threads sending requests concurrently.")
+@click.option("--keep", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Keep the FTP root, journals and state in this directory for inspection.")
+@click.option("--no-progress", is_flag=True, help="Do not draw the progress bar.")
+def demo(requests: int, clients: int, keep: Path | None, no_progress: bool) -> None:
+    """Run an FTP server, two serving nodes and a client here, and print what each node served.
+
+    Needs no network and no setup: everything listens on 127.0.0.1 and lives in a temporary
+    directory that is deleted afterwards (unless --keep).  Exits 1 if any request failed.
+    """
+    from tqdm import tqdm
+
+    from ftpbc.demo import format_report, run_demo
+
+    click.echo(f"ftpbc demo: embedded FTP server, nodes node-a and node-b, {requests} requests "
+               f"from {clients} client threads", err=True)
+    with tqdm(total=requests, unit="req", disable=no_progress, leave=False) as bar:
+        lock = threading.Lock()
+
+        def advance(n: int) -> None:
+            with lock:
+                bar.update(n)
+
+        report = run_demo(requests, clients, keep=keep, progress=advance)
+    click.echo(format_report(report))
+    for err in report.errors[:10]:
+        click.echo(f"ftpbc: demo: {err}", err=True)
+    if keep is not None:
+        click.echo(f"exchange area, journals and state kept in {keep}")
+    raise SystemExit(0 if report.ok else 1)
+
+
+def _port_range(text: str | None) -> range | None:
+    if not text:
+        return None
+    low, sep, high = text.partition("-")
+    try:
+        first, last = int(low), int(high if sep else low)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a port range like 30000-30009",
+                                 param_hint="--passive-ports") from None
+    if not 0 < first <= last < 65536:
+        raise click.BadParameter(f"{text!r} is not a port range like 30000-30009",
+                                 param_hint="--passive-ports")
+    return range(first, last + 1)
+
+
+@click.command()
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Directory served as '/' (created if missing).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=2121, show_default=True)
+@click.option("--user", default="ftpbc", show_default=True)
+@click.option("--password-env", default="FTPBC_FTPD_PASSWORD", show_default=True,
+              help="Environment variable holding the password (never given on the command line).")
+@click.option("--passive-ports", default=None, help="Passive data port range, e.g. 30000-30009.")
+@click.option("--masquerade", default=None, help="Address announced in passive replies (NAT).")
+def ftpd(root: Path, host: str, port: int, user: str, password_env: str, passive_ports: str | None,
+         masquerade: str | None) -> None:
+    """Run the embedded FTP server (pyftpdlib) until SIGTERM or Ctrl-C.
+
+    A single-user server for tests, demos and docker-compose; not hardened for the internet.
+    """
+    from ftpbc.embedded import EmbeddedFTPServer
+
+    password = os.environ.get(password_env)
+    if not password:
+        raise ConfigError(f"environment variable {password_env!r} (the FTP password) is not set",
+                          key="--password-env")
+    root.mkdir(parents=True, exist_ok=True)
+    server = EmbeddedFTPServer(root, password=password, user=user, host=host, port=port,
+                               passive_ports=_port_range(passive_ports), masquerade_address=masquerade)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        server.start()
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}", key="--port") from None
+    click.echo(f"ftpbc ftpd: serving {root} as ftp://{user}@{host}:{server.port}/", err=True)
+    started = time.monotonic()
+    stop.wait()
+    server.stop()
+    click.echo(f"ftpbc ftpd: stopped after {time.monotonic() - started:.0f} s", err=True)
