@@ -24,6 +24,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "send": "ftpbc.cli.messaging:send",
     "check": "ftpbc.cli.check:check",
     "demo": "ftpbc.cli.demo:demo",
+    "ftpd": "ftpbc.cli.demo:ftpd",
 }
 
 
