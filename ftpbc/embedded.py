@@ -31,6 +31,7 @@ from typing import Any
 
 from pyftpdlib.authorizers import DummyAuthorizer
 from pyftpdlib.handlers import FTPHandler, TLS_FTPHandler
+from pyftpdlib.ioloop import IOLoop
 from pyftpdlib.servers import FTPServer
 
 #: passive ports are drawn from a window of this size placed at random in PASSIVE_RANGE
@@ -89,7 +90,9 @@ class EmbeddedFTPServer:
         """Bind and serve from a daemon thread; returns once the port accepts connections."""
         if self._thread is not None:
             raise RuntimeError("server already started")
-        self._server = FTPServer((self.host, self.port), self._handler)
+        # An IOLoop of its own: pyftpdlib's default is a process-wide singleton, and two servers
+        # polling one loop from two threads corrupt each other (OpenSSL crashed in a handshake).
+        self._server = FTPServer((self.host, self.port), self._handler, ioloop=IOLoop())
         self.port = int(self._server.socket.getsockname()[1])
         self._stop.clear()
         self._thread = threading.Thread(target=self._serve, name=f"ftpd-{self.port}", daemon=True)

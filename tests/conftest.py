@@ -9,10 +9,12 @@ from tests.servers.handle import ServerHandle
 pytest_plugins = [
     "tests.servers.local",
     "tests.servers.sshd",
+    "tests.servers.pyftpd",
+    "tests.servers.vsftpd",
 ]
 
 #: every transport/server pair the conformance and lifecycle suites run against
-ALL_SERVERS = ["local", "sshd"]
+ALL_SERVERS = ["local", "sshd", "pyftpdlib", "pyftpdlib_ftps", "vsftpd"]
 
 
 @pytest.fixture(params=ALL_SERVERS)

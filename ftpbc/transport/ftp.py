@@ -121,7 +121,12 @@ class FTPTransport(Transport):
 
         def op(s: _Session, progress: Progress) -> list[Entry]:
             if s.has("MLSD"):
-                lines = self._read_lines(s, f"MLSD {remote}", path)
+                try:
+                    lines = self._read_lines(s, f"MLSD {remote}", path)
+                except ftplib.error_perm as exc:
+                    if str(exc)[:3] in ("501", "550", "450"):  # pyftpdlib: "501 No such directory."
+                        raise NotFound(f"no such directory: {exc}", server=self.server, path=path) from None
+                    raise
                 return [e for e in map(_parse_mlsx, lines) if e is not None]
             self._cwd(s, remote)
             now = datetime.now(UTC)

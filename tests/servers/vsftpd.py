@@ -1,0 +1,192 @@
+"""A real vsftpd (``/usr/sbin/vsftpd``, Debian package) on a loopback port, for the conformance suite.
+
+``vsftpd_server`` (session scope) runs vsftpd in the foreground (``listen=YES``,
+``background=NO``) with a generated configuration, logging in a dedicated local user
+(``ftpbc-ftp``, created with useradd and given a random password with chpasswd; removed at
+teardown if this fixture created it) through Debian's ``vsftpd`` PAM service.  The user is
+chrooted into a temporary root outside pytest's root-only temp tree, so remote ``/`` maps to it.
+
+vsftpd has no MLSD, so this server is what exercises the LIST fallback.
+
+Controls: ``drop_connections`` kills the per-session vsftpd processes (the listener stays),
+``restart`` stops and starts the listener on the same port.
+
+Locally without vsftpd (or not as root) the fixture skips; under CI=true it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.servers.handle import ServerHandle
+from tests.support import IN_CI, free_port, require_binary, wait_until
+
+USER = "ftpbc-ftp"
+#: passive data ports: below the kernel's ephemeral range (see MEASUREMENTS.md)
+PASV_PORTS = (27000, 27999)
+
+
+@dataclass
+class VsftpdProcess:
+    binary: str
+    config: Path
+    port: int
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([self.binary, str(self.config)], stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=log)
+        wait_until(self._listening, timeout=10, what=f"vsftpd on 127.0.0.1:{self.port} ({self.log})")
+
+    def _listening(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            pytest.fail(f"vsftpd exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                # Read the banner so the probe session ends cleanly instead of as an error.
+                s.recv(100)
+                return True
+        except OSError:
+            return False
+
+    def drop_connections(self) -> None:
+        """Kill every per-session vsftpd process (children of the listener)."""
+        assert self.proc is not None
+        children = psutil.Process(self.proc.pid).children(recursive=True)
+        for child in children:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(children, timeout=5)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.drop_connections()
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+def _config(root: Path, workdir: Path, port: int) -> str:
+    settings = {
+        "listen": "YES",
+        "listen_ipv6": "NO",
+        "listen_address": "127.0.0.1",
+        "listen_port": str(port),
+        "background": "NO",
+        "anonymous_enable": "NO",
+        "local_enable": "YES",
+        "write_enable": "YES",
+        "local_umask": "022",
+        "local_root": str(root),
+        "chroot_local_user": "YES",
+        # The test user writes into its chroot's top directory.
+        "allow_writeable_chroot": "YES",
+        "secure_chroot_dir": str(workdir / "empty"),
+        # The seccomp filter breaks vsftpd in some containers; the tests need no sandbox.
+        "seccomp_sandbox": "NO",
+        "pam_service_name": "vsftpd",
+        "userlist_enable": "NO",
+        "pasv_enable": "YES",
+        "pasv_min_port": str(PASV_PORTS[0]),
+        "pasv_max_port": str(PASV_PORTS[1]),
+        "port_enable": "YES",
+        "connect_from_port_20": "NO",
+        # Failed-login tests must not wait; many tests connect at once.
+        "delay_failed_login": "0",
+        "delay_successful_login": "0",
+        "max_clients": "0",
+        "max_per_ip": "0",
+        "max_login_fails": "100",
+        "idle_session_timeout": "600",
+        "data_connection_timeout": "120",
+        # Dot files are ordinary message files for ftpbc; list them.
+        "force_dot_files": "YES",
+        "use_localtime": "NO",
+        "utf8_filesystem": "YES",
+        "xferlog_enable": "NO",
+        "dual_log_enable": "NO",
+        "vsftpd_log_file": str(workdir / "vsftpd.log"),
+        "ssl_enable": "NO",
+        "ftpd_banner": "ftpbc test vsftpd ready",
+    }
+    return "".join(f"{k}={v}\n" for k, v in settings.items())
+
+
+@pytest.fixture(scope="session")
+def vsftpd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    binary = require_binary("vsftpd", "/usr/sbin/vsftpd")
+    for tool in ("useradd", "usermod", "userdel", "chpasswd"):
+        require_binary(tool, f"/usr/sbin/{tool}")
+    if os.geteuid() != 0:
+        message = "the vsftpd fixture must run as root (it creates a login user and chroots)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+
+    created = False
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        # A login shell listed in /etc/shells: Debian's vsftpd PAM stack requires pam_shells.
+        subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",
+                        "--shell", "/bin/sh", USER], check=True)
+        created = True
+    password = secrets.token_urlsafe(12)
+    subprocess.run(["chpasswd"], input=f"{USER}:{password}\n".encode(), check=True)
+
+    workdir = tmp_path_factory.mktemp("vsftpd")
+    (workdir / "empty").mkdir(mode=0o755)
+    # Outside pytest's root-only temp tree: vsftpd changes into it as the unprivileged user.
+    root = Path(tempfile.mkdtemp(prefix="ftpbc-vsftpd-", dir="/tmp"))
+    entry = pwd.getpwnam(USER)
+    os.chown(root, entry.pw_uid, entry.pw_gid)
+    root.chmod(0o755)
+    # vsftpd changes into the user's home before local_root: it must exist.
+    subprocess.run(["usermod", "--home", str(root), USER], check=True)
+
+    port = free_port()
+    config = workdir / "vsftpd.conf"
+    config.write_text(_config(root, workdir, port))
+    server = VsftpdProcess(binary=binary, config=config, port=port, log=workdir / "stderr.log")
+    server.start()
+    try:
+        yield ServerHandle(
+            kind="vsftpd",
+            root=root,
+            url=f"ftp://{USER}@127.0.0.1:{port}/",
+            password=password,
+            controls={"drop_connections": server.drop_connections, "restart": server.restart},
+        )
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        if created:
+            subprocess.run(["userdel", USER], check=False)

@@ -1,0 +1,325 @@
+"""One behaviour suite for every transport/server pair (``server`` runs each test per ALL_SERVERS).
+
+Everything goes through ``open_transport(handle.config())``: what holds here holds for the
+protocol code above the transport, whichever server it talks to.  The local files behind the
+server (``handle.root``) are used to set up large fixtures quickly and to check results
+independently of the transport under test.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from ftpbc.config.loader import parse_config
+from ftpbc.config.servers import ServerConfig
+from ftpbc.errors import (
+    AuthenticationFailed,
+    ConfigError,
+    ConnectFailed,
+    NotFound,
+    SourceGone,
+    TransportError,
+    UnsafeNameError,
+)
+from ftpbc.transport import Transport, open_transport
+from tests.servers.handle import ServerHandle
+from tests.support import free_port
+
+MIB = 1 << 20
+#: every byte value, in every position modulo 256
+EVERY_BYTE = bytes(range(256))
+
+
+@pytest.fixture
+def t(server: ServerHandle) -> Iterator[Transport]:
+    transport = open_transport(server.config())
+    yield transport
+    transport.close()
+
+
+def put_bytes(t: Transport, path: str, data: bytes) -> int:
+    return t.put(path, io.BytesIO(data))
+
+
+def get_bytes(t: Transport, path: str) -> bytes:
+    out = io.BytesIO()
+    n = t.get(path, out)
+    assert n == len(out.getvalue())
+    return out.getvalue()
+
+
+# --------------------------------------------------------------------------- listing
+
+
+def test_empty_directory_lists_nothing(server: ServerHandle, t: Transport) -> None:
+    assert t.list(server.fresh_dir()) == []
+
+
+def test_listing_10000_entries_is_complete_and_exact(server: ServerHandle, t: Transport) -> None:
+    d = server.fresh_dir()
+    local = server.local(d)
+    for i in range(10_000):
+        (local / f"m{i:05d}.msg").write_bytes(b"x" * (i % 13))
+    (local / "sub").mkdir()
+
+    entries = {e.name: e for e in t.list(d)}
+
+    assert len(entries) == 10_001
+    assert entries["sub"].is_dir
+    files = [e for e in entries.values() if not e.is_dir]
+    assert sorted(e.name for e in files) == [f"m{i:05d}.msg" for i in range(10_000)]
+    assert all(e.size == int(e.name[1:6]) % 13 for e in files)
+
+
+def test_listing_a_missing_directory_is_not_found(server: ServerHandle, t: Transport) -> None:
+    d = server.fresh_dir()
+    with pytest.raises(NotFound) as err:
+        t.list(f"{d}/absent")
+    assert "absent" in str(err.value)
+
+
+def test_listing_reports_size_and_a_recent_mtime(server: ServerHandle, t: Transport) -> None:
+    d = server.fresh_dir()
+    put_bytes(t, f"{d}/f", b"12345")
+    [entry] = t.list(d)
+    assert (entry.name, entry.size, entry.is_dir) == ("f", 5, False)
+    assert entry.mtime is not None
+    # LIST formats give minutes: allow that much slack.
+    assert abs(entry.mtime.timestamp() - time.time()) < 120
+
+
+# --------------------------------------------------------------------------- put / get
+
+
+@pytest.mark.parametrize("size", [0, 1, 10 * MIB], ids=["0B", "1B", "10MiB"])
+def test_round_trip_is_byte_exact(server: ServerHandle, t: Transport, size: int) -> None:
+    d = server.fresh_dir()
+    data = (EVERY_BYTE * (size // 256 + 1))[:size] if size != 1 else b"\xff"
+
+    assert put_bytes(t, f"{d}/blob", data) == size
+
+    assert server.local(f"{d}/blob").read_bytes() == data
+    assert get_bytes(t, f"{d}/blob") == data
+    assert t.stat(f"{d}/blob").size == size
+
+
+def test_put_replaces_an_existing_file(server: ServerHandle, t: Transport) -> None:
+    d = server.fresh_dir()
+    put_bytes(t, f"{d}/f", b"a much longer first version")
+    put_bytes(t, f"{d}/f", b"short")
+    assert get_bytes(t, f"{d}/f") == b"short"
+
+
+def test_get_of_a_missing_file_is_not_found(server: ServerHandle, t: Transport) -> None:
+    d = server.fresh_dir()
+    with pytest.raises(NotFound) as err:
+        get_bytes(t, f"{d}/nothing-here")
+    assert "nothing-here" in str(err.value)
+    # The transport is still usable afterwards.
+    assert t.list(d) == []
+
+
+# --------------------------------------------------------------------------- rename
+
+
+def test_rename_moves_the_file(server: ServerHandle, t: Transport) -> None:
+    d = server.fresh_dir()
+    t.mkdir(f"{d}/to")
+    put_bytes(t, f"{d}/a", b"payload")
+    t.rename(f"{d}/a", f"{d}/to/b")
+    assert not server.local(f"{d}/a").exists()
+    assert server.local(f"{d}/to/b").read_bytes() == b"payload"
+
+
+def test_rename_of_a_missing_source_is_source_gone(server: ServerHandle, t: Transport) -> None:
+    d = server.fresh_dir()
+    with pytest.raises(SourceGone) as err:
+        t.rename(f"{d}/claimed-already", f"{d}/x")
+    assert "claimed-already" in str(err.value)
+
+
+def test_rename_replaces_an_existing_target(server: ServerHandle, t: Transport) -> None:
+    d = server.fresh_dir()
+    put_bytes(t, f"{d}/new", b"new content")
+    put_bytes(t, f"{d}/old", b"old content that is longer")
+    t.rename(f"{d}/new", f"{d}/old")
+    assert get_bytes(t, f"{d}/old") == b"new content"
+    assert not t.exists(f"{d}/new")
+
+
+def test_two_threads_racing_for_one_source_one_wins(server: ServerHandle, t: Transport) -> None:
+    """The claim race: exactly one rename succeeds, the loser learns SourceGone."""
+    d = server.fresh_dir()
+    rounds = 15
+    for r in range(rounds):
+        put_bytes(t, f"{d}/job{r}", b"work")
+    barrier = threading.Barrier(2)
+    outcomes: dict[int, list[str]] = {0: [], 1: []}
+
+    def claimer(me: int) -> None:
+        for r in range(rounds):
+            barrier.wait(timeout=30)
+            try:
+                t.rename(f"{d}/job{r}", f"{d}/job{r}.claimed-by-{me}")
+                outcomes[me].append("won")
+            except SourceGone:
+                outcomes[me].append("lost")
+            except TransportError as exc:  # anything else is a failure of the contract
+                outcomes[me].append(f"error: {exc}")
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in (0, 1)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert not any(th.is_alive() for th in threads)
+
+    for r in range(rounds):
+        assert sorted([outcomes[0][r], outcomes[1][r]]) == ["lost", "won"], (r, outcomes)
+    names = {e.name for e in t.list(d)}
+    assert len(names) == rounds
+    assert all(".claimed-by-" in n for n in names)
+
+
+# --------------------------------------------------------------------------- delete / mkdir / stat
+
+
+def test_delete_removes_and_a_second_delete_is_not_found(server: ServerHandle, t: Transport) -> None:
+    d = server.fresh_dir()
+    put_bytes(t, f"{d}/f", b"x")
+    t.delete(f"{d}/f")
+    assert not server.local(f"{d}/f").exists()
+    with pytest.raises(NotFound) as err:
+        t.delete(f"{d}/f")
+    assert f"{d}/f" in str(err.value)
+
+
+def test_mkdir_creates_parents_and_accepts_an_existing_dir(server: ServerHandle, t: Transport) -> None:
+    d = server.fresh_dir()
+    t.mkdir(f"{d}/a/b/c")
+    assert server.local(f"{d}/a/b/c").is_dir()
+    t.mkdir(f"{d}/a/b/c")
+    t.mkdir(f"{d}/a")
+    assert t.stat(f"{d}/a/b").is_dir
+    put_bytes(t, f"{d}/a/b/c/f", b"x")
+    assert server.local(f"{d}/a/b/c/f").read_bytes() == b"x"
+
+
+def test_mkdir_over_a_file_fails(server: ServerHandle, t: Transport) -> None:
+    d = server.fresh_dir()
+    put_bytes(t, f"{d}/f", b"x")
+    with pytest.raises(TransportError):
+        t.mkdir(f"{d}/f")
+    assert server.local(f"{d}/f").is_file()
+
+
+def test_stat_and_exists(server: ServerHandle, t: Transport) -> None:
+    d = server.fresh_dir()
+    put_bytes(t, f"{d}/f", b"abc")
+    f = t.stat(f"{d}/f")
+    assert (f.name, f.size, f.is_dir) == ("f", 3, False)
+    assert t.stat(d).is_dir
+    assert t.exists(f"{d}/f")
+    assert t.exists(d)
+    assert not t.exists(f"{d}/missing")
+    with pytest.raises(NotFound):
+        t.stat(f"{d}/missing")
+
+
+@pytest.mark.parametrize("name", ["with space", "ünïcødé-名前.msg", "-leading-dash", "semi;colon", "a  b",
+                                  ".hidden"])
+def test_odd_names_survive_every_operation(server: ServerHandle, t: Transport, name: str) -> None:
+    d = server.fresh_dir()
+    path = f"{d}/{name}"
+    put_bytes(t, path, name.encode())
+    assert [e.name for e in t.list(d)] == [name]
+    assert server.local(path).read_bytes() == name.encode()
+    assert get_bytes(t, path) == name.encode()
+    assert t.stat(path).size == len(name.encode())
+    t.rename(path, f"{path} renamed")
+    assert t.exists(f"{path} renamed")
+    t.delete(f"{path} renamed")
+    assert t.list(d) == []
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def test_operations_after_the_server_drops_the_connection(server: ServerHandle, t: Transport) -> None:
+    drop = server.controls.get("drop_connections")
+    if drop is None:
+        pytest.skip(f"{server.kind} has no connection to drop")
+    d = server.fresh_dir()
+    put_bytes(t, f"{d}/f", b"before")
+    for _ in range(2):
+        drop()
+        # The next operations reconnect on their own and see the same files.
+        assert [e.name for e in t.list(d)] == ["f"]
+        assert get_bytes(t, f"{d}/f") == b"before"
+    drop()
+    put_bytes(t, f"{d}/g", b"after")
+    assert server.local(f"{d}/g").read_bytes() == b"after"
+
+
+def test_wrong_password_is_authentication_failed(server: ServerHandle) -> None:
+    if server.password is None:
+        pytest.skip(f"{server.kind} does not log in with a password")
+    wrong = "not-the-password-" + server.password[::-1]
+    cfg = ServerConfig.from_url(server.url, password=wrong, **server.options)
+    with open_transport(cfg) as t, pytest.raises(AuthenticationFailed) as err:
+        t.list("/")
+    message = str(err.value)
+    assert cfg.display in message
+    assert wrong not in message and server.password not in message
+    assert "\n" not in message
+
+
+def test_closed_port_is_connect_failed_within_the_timeout(server: ServerHandle) -> None:
+    if server.kind == "local":
+        pytest.skip("a local directory has no port")
+    port = free_port()  # nothing listens there
+    url = server.url.replace(f":{server.config().port}", f":{port}", 1)
+    cfg = ServerConfig.from_url(url, password=server.password, timeout=3, **server.options)
+    started = time.monotonic()
+    with open_transport(cfg) as t, pytest.raises(ConnectFailed) as err:
+        t.list("/")
+    assert time.monotonic() - started < 3 + 1
+    assert f"127.0.0.1:{port}" in str(err.value)
+
+
+@pytest.mark.parametrize("bad", ["/a/../b", "/../etc/passwd", "/x/..", "/a\nb", "/a\0b"])
+def test_unsafe_paths_are_refused_before_anything_is_sent(server: ServerHandle, t: Transport,
+                                                         bad: str) -> None:
+    for call in (lambda: t.list(bad), lambda: t.stat(bad), lambda: t.delete(bad),
+                 lambda: t.mkdir(bad), lambda: put_bytes(t, bad, b"x"), lambda: t.rename(bad, "/ok"),
+                 lambda: t.rename("/ok", bad)):
+        with pytest.raises(UnsafeNameError) as err:
+            call()
+        assert repr(bad) in str(err.value)
+        assert "\n" not in str(err.value)
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def test_unknown_url_scheme_is_one_line_naming_it() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config("servers:\n  partner:\n    url: gopher://h/x\n", source="c.yaml")
+    message = str(err.value)
+    assert "gopher" in message and "c.yaml:3" in message
+    assert "\n" not in message
+
+
+def test_missing_password_env_var_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FTPBC_TEST_NO_SUCH_VAR", raising=False)
+    text = "servers:\n  partner:\n    url: ftp://u@127.0.0.1/\n    password_env: FTPBC_TEST_NO_SUCH_VAR\n"
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="c.yaml")
+    message = str(err.value)
+    assert "FTPBC_TEST_NO_SUCH_VAR" in message and "c.yaml" in message
+    assert "\n" not in message
