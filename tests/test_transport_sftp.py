@@ -294,3 +294,14 @@ def test_a_failed_write_fails_the_put(sshd_server: ServerHandle, size: int) -> N
         _put_bytes(t, f"{d}/ok", b"still usable")
         assert t.connects == 1
     assert sshd_server.local(f"{d}/ok").read_bytes() == b"still usable"
+
+
+def test_rides_out_a_server_restart(sshd_server: ServerHandle) -> None:
+    d = sshd_server.fresh_dir()
+    with SFTPTransport(sshd_server.config()) as t:
+        _put_bytes(t, f"{d}/a", b"before")
+        sshd_server.controls["restart"]()
+        assert [e.name for e in t.list(d)] == ["a"]
+        _put_bytes(t, f"{d}/b", b"after")
+        assert t.connects == 2
+    assert sshd_server.local(f"{d}/b").read_bytes() == b"after"

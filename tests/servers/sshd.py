@@ -18,6 +18,7 @@ changed.  The user and its directory are removed at teardown.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pwd
 import secrets
@@ -36,6 +37,9 @@ from tests.servers.handle import ServerHandle
 from tests.support import free_port, require_binary, wait_until
 
 PASSWORD_USER = "ftpbc-sftp"
+PASSWORD_USER_COMMENT = "ftpbc test suite, removed after each run"
+
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 #: client key types generated for the key-authentication tests
 CLIENT_KEY_TYPES = ("ed25519", "rsa", "ecdsa")
@@ -56,7 +60,8 @@ class SshdProcess:
     def start(self) -> None:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([self.binary, "-D", "-e", "-f", str(self.config)],
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         preexec_fn=_die_with_parent)
         wait_until(self._listening, timeout=10, what=f"sshd on 127.0.0.1:{self.port} ({self.log})")
 
     def _listening(self) -> bool:
@@ -113,6 +118,13 @@ class SshdProcess:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+def _die_with_parent() -> None:
+    # A pytest killed by a signal (a `timeout` wrapper, Ctrl-C twice) skips fixture teardown;
+    # without this the listener would outlive it, holding its port and temp directory.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _alive(proc: psutil.Process) -> bool:
@@ -222,13 +234,14 @@ def sshd_password_login(sshd_process: SshdProcess) -> Iterator[ServerHandle]:
     """A handle for password login as a dedicated user, rooted in a directory that user owns."""
     for tool in ("useradd", "userdel", "chpasswd"):
         require_binary(tool, f"/usr/sbin/{tool}")
-    created = False
     try:
         pwd.getpwnam(PASSWORD_USER)
     except KeyError:
         subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",
-                        "--shell", "/usr/sbin/nologin", PASSWORD_USER], check=True)
-        created = True
+                        "--shell", "/usr/sbin/nologin", "--comment", PASSWORD_USER_COMMENT,
+                        PASSWORD_USER], check=True)
+    if pwd.getpwnam(PASSWORD_USER).pw_gecos != PASSWORD_USER_COMMENT:
+        pytest.fail(f"a user {PASSWORD_USER!r} exists that the test suite did not create")
     password = secrets.token_urlsafe(18)
     subprocess.run(["chpasswd"], input=f"{PASSWORD_USER}:{password}\n".encode(), check=True)
     # Outside the root-only pytest temp tree, which the unprivileged user could not traverse.
@@ -247,5 +260,5 @@ def sshd_password_login(sshd_process: SshdProcess) -> Iterator[ServerHandle]:
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
-        if created:
-            subprocess.run(["userdel", PASSWORD_USER], check=False)
+        # Also removes a user left behind by an interrupted earlier run (it carries our comment).
+        subprocess.run(["userdel", PASSWORD_USER], check=False)
