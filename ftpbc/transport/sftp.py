@@ -18,9 +18,11 @@ Host keys
 
 Guarantees
     * Every socket has TCP_NODELAY (Nagle's algorithm made SFTP listings 4x slower).
-    * ``put`` and ``get`` stream in chunks: memory stays bounded whatever the file size.
-      ``get`` reads the size the file had when opened (files are renamed into place whole, so
-      the size does not change under a reader), with up to 2 MiB of reads in flight.
+    * ``put`` and ``get`` stream with up to 2 MiB of requests in flight: memory stays bounded
+      whatever the file size (a 64 MiB round trip grows RSS by a few MiB).  ``put`` checks the
+      reply to every WRITE and to the final CLOSE, so a full disk fails the put.  ``get`` reads
+      the size the file had when opened (files are renamed into place whole, so the size does
+      not change under a reader).
     * ``rename`` follows the contract in :mod:`ftpbc.transport.base`: ``posix-rename@openssh.com``
       (atomic replace) when the server announces it; otherwise remove the target, then rename.
     * Library errors are translated into :mod:`ftpbc.errors` here; messages name the server
