@@ -141,27 +141,120 @@ class EndpointConfig(_Frozen):
         return self
 
 
-class TransferConfig(_Frozen):
-    """Free-form exchange with a partner's own layout (the spec's ``ftp:transfer``).
+def _split_pattern_path(key: str, value: str) -> tuple[str, str]:
+    """``(directory, name pattern)`` of ``/dir/pattern``; the directory must be literal."""
+    from ftpbc.transport.base import normalize
 
-    ``receive_from`` is ``directory/pattern`` polled for inbound files (the pattern may use the
-    wildcard); ``send_to`` is ``directory/pattern`` for outbound files.  ``pre``/``post`` commands
-    run on the remote file around the transfer.
+    if not value.startswith("/"):
+        raise ValueError(f"{key} {value!r} must be an absolute path on the server")
+    directory, _, name = value.rpartition("/")
+    if not name:
+        raise ValueError(f"{key} {value!r} must end with a file name pattern")
+    if "%" in directory:
+        raise ValueError(f"{key} {value!r}: only the last segment may be a pattern; "
+                         "the directory must be literal")
+    return normalize(directory or "/"), name
+
+
+class TransferConfig(_Frozen):
+    """Free-form exchange with a partner's own directory layout (the spec's ``ftp:transfer``).
+
+    See docs/transfers.md.  ``receive_from`` is ``/directory/pattern`` polled for inbound files
+    (the pattern may use ``%*``); ``send_to`` is ``/directory/pattern`` expanded once per outbound
+    file.  Every ``*_to`` path below is a pattern over the whole path, where ``%f``/``%p`` are the
+    file's name/directory (the received file's for post_receive_to, the target's for
+    pre_send_to/post_send_to); their directories are created when missing.
     """
 
     server: str
     receive_from: str | None = None
     send_to: str | None = None
+    #: ``module:function`` called with a Message per received file; a result that is not None
+    #: is sent to ``send_to``.  Present means a serving node polls ``receive_from``.
     handler: str | None = None
+    #: rename: claim into select_dir as ``<name>~<node>`` (competing nodes safe);
+    #: none: read in place while holding the poll lock (needs ``lock: file``)
+    pre_receive: Literal["rename", "none"] = "rename"
+    #: default ``<receive dir>/.ftpbc-select``
+    select_dir: str | None = None
+    #: rename: to post_receive_to (default ``<receive dir>/.ftpbc-archive/<name>~<node>~<stamp>``);
+    #: delete: remove the file once its result is out
+    post_receive: Literal["rename", "delete"] = "rename"
+    post_receive_to: str | None = None
+    #: an existing target: none (replaced), rename (moved to pre_send_to), copy (copied there)
+    pre_send: Literal["none", "rename", "copy"] = "none"
+    #: default ``<send dir>/.ftpbc-protect/<target name>~<node>~<stamp>``
+    pre_send_to: str | None = None
+    #: rename: once in place, the target is renamed to post_send_to (e.g. ``%p/%f.done``)
+    post_send: Literal["none", "rename"] = "none"
+    post_send_to: str | None = None
+    #: upload to stage_dir (default ``<send dir>/.ftpbc-stage``) and rename into place
+    stage: bool = True
+    stage_dir: str | None = None
+    #: files whose handler raised, with ``<name>.reason`` beside (default ``<receive dir>/.ftpbc-error``)
+    error_dir: str | None = None
     poll_interval: float = Field(default=1.0, gt=0)
     max_per_poll: int = Field(default=32, ge=1)
     workers: int = Field(default=2, ge=1, le=256)
     lock: Literal["file", "none"] = "file"
-    stage_dir: str | None = None
-    #: after a file is read: archive it to this directory (pattern), or delete it
-    post: Literal["delete", "archive"] = "archive"
-    archive_to: str | None = None
+    #: time zone of date letters in names (IANA name)
     timezone: str = "UTC"
+    drain_timeout: float = Field(default=30.0, ge=0)
+
+    @field_validator("handler")
+    @classmethod
+    def _handler_form(cls, v: str | None) -> str | None:
+        return EndpointConfig._handler_form(v)
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        return EndpointConfig._tz(v)
+
+    @field_validator("select_dir", "stage_dir", "error_dir")
+    @classmethod
+    def _literal_dir(cls, v: str | None) -> str | None:
+        from ftpbc.transport.base import normalize
+
+        if v is None:
+            return v
+        if not v.startswith("/") or "%" in v:
+            raise ValueError(f"directory {v!r} must be an absolute, literal path on the server")
+        return normalize(v)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TransferConfig:
+        from ftpbc.patterns import Pattern
+
+        if self.receive_from is None and self.send_to is None:
+            raise ValueError("a transfer needs receive_from, send_to or both")
+        if self.receive_from is not None:
+            _, name = _split_pattern_path("receive_from", self.receive_from)
+            from ftpbc.patterns.grammar import DirName, FileName
+
+            if any(isinstance(t, FileName | DirName) for t in Pattern.parse(name).tokens):
+                raise ValueError(f"receive_from {self.receive_from!r}: %f and %p cannot select files")
+        elif self.handler is not None:
+            raise ValueError("handler needs receive_from (the files it is called with)")
+        if self.send_to is not None:
+            _, name = _split_pattern_path("send_to", self.send_to)
+            if Pattern.parse(name).has_wildcard:
+                raise ValueError(f"send_to {self.send_to!r}: the wildcard %* cannot make a name")
+        for key in ("post_receive_to", "pre_send_to", "post_send_to"):
+            value = getattr(self, key)
+            if value is not None:
+                if not value.startswith("/") and not value.startswith("%p"):
+                    raise ValueError(f"{key} {value!r} must be an absolute path or start with %p")
+                if Pattern.parse(value).has_wildcard:
+                    raise ValueError(f"{key} {value!r}: the wildcard %* cannot make a name")
+        if self.post_send == "rename" and self.post_send_to is None:
+            raise ValueError("post_send: rename needs post_send_to (e.g. '%p/%f.done')")
+        if self.post_send == "rename" and self.send_to is None:
+            raise ValueError("post_send: rename needs send_to")
+        if self.pre_receive == "none" and self.lock != "file":
+            raise ValueError("pre_receive: none reads files in place, which only the poll lock keeps "
+                             "other nodes from: it needs lock: file")
+        return self
 
 
 class Config(_Frozen):
@@ -193,11 +286,19 @@ class Config(_Frozen):
                 if ep.server not in self.servers:
                     known = ", ".join(sorted(self.servers)) or "none"
                     raise ValueError(f"{kind}.{name}.server: unknown server {ep.server!r} (defined: {known})")
+        both = sorted(set(self.endpoints) & set(self.transfers))
+        if both:
+            raise ValueError(f"transfers.{both[0]}: {both[0]!r} is also an endpoint; names must differ "
+                             "(ftpbc send NAME picks one by its name)")
         return self
 
     def sequence_dirs(self) -> tuple[Path, Path]:
-        """(node-local, cluster-shared) directories of the persisted sequences."""
-        return (self.node.journal_dir / self.node.id / "sequences", self.node.state_dir / "sequences")
+        """(node-local, cluster-shared) base directories of the persisted sequences.
+
+        Node-local counters (``%0``-``%9``) live beside this node's journal, per node id, so two
+        nodes started from one configuration on one host keep separate counters.
+        """
+        return (self.node.journal_dir / self.node.id, self.node.state_dir)
 
     def with_node_id(self, node_id: str | None) -> Config:
         if not node_id:
