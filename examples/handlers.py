@@ -9,6 +9,10 @@ from the repository root (or put this directory on PYTHONPATH).
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+
 from ftpbc.message import Message
 
 #: made-up mid prices for quote(); a real handler would ask a pricing service
@@ -41,3 +45,15 @@ def quote(message: Message) -> str:
 def fail(message: Message) -> bytes:
     """Always raises: shows what a caller sees when a handler fails."""
     raise RuntimeError(f"fail handler refuses {message.name} ({message.size} bytes) on purpose")
+
+
+def tagged(message: Message) -> str:
+    """JSON naming the serving node and echoing the body, so a caller can tell who served what.
+
+    The node is the ``FTPBC_NODE_TAG`` environment variable (the cluster tests set it to each
+    ``ftpbc serve`` process's ``--node-id``), else the process id.
+    """
+    node = os.environ.get("FTPBC_NODE_TAG") or f"pid-{os.getpid()}"
+    body = message.body
+    return json.dumps({"node": node, "body": body.decode("utf-8"),
+                       "sha256": hashlib.sha256(body).hexdigest()})
