@@ -5,11 +5,16 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
+
+from tests.servers.handle import ServerHandle
 
 T = TypeVar("T")
 
@@ -46,3 +51,43 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- the real command line
+
+#: runs ``ftpbc.cli.main`` exactly as the installed ``ftpbc`` script does
+FTPBC = [sys.executable, "-c", "from ftpbc.cli import main; main()"]
+
+
+def ftpbc_env(extra: dict[str, str] | None = None, *, cwd_imports: str | None = None) -> dict[str, str]:
+    """os.environ plus ``extra``; ``cwd_imports`` is put on PYTHONPATH (e.g. the repo, for examples)."""
+    env = {**os.environ, **(extra or {})}
+    if cwd_imports is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (cwd_imports, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_ftpbc(*args: str, env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
+              timeout: float = 60, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``ftpbc ARGS`` to completion; ``env`` is the whole environment (see :func:`ftpbc_env`)."""
+    return subprocess.run([*FTPBC, *args], env=env, cwd=cwd, timeout=timeout, input=stdin,
+                          capture_output=True, text=True, check=False)
+
+
+def popen_ftpbc(*args: str, env: dict[str, str] | None = None,
+                cwd: str | os.PathLike[str] | None = None) -> subprocess.Popen[str]:
+    """Start ``ftpbc ARGS`` (e.g. ``serve``); the caller must end it (SIGTERM, then wait)."""
+    return subprocess.Popen([*FTPBC, *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def server_yaml(handle: ServerHandle, password_env: str, base: str = "") -> dict[str, object]:
+    """A fixture server as a YAML ``servers`` entry, its password read from ``password_env``.
+
+    ``base`` (a remote directory such as ``handle.fresh_dir()``) is appended to the url.
+    """
+    entry: dict[str, object] = {"url": handle.url.rstrip("/") + base if base else handle.url}
+    if handle.password is not None:
+        entry["password_env"] = password_env
+    entry.update({k: str(v) if isinstance(v, Path) else v for k, v in handle.options.items()})
+    return entry
