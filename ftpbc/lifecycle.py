@@ -69,6 +69,45 @@ def _stream(body: Body) -> BinaryIO:
     return io.BytesIO(body) if isinstance(body, bytes | bytearray) else body
 
 
+def rename_resolving(transport: Transport, src: str, dst: str) -> None:
+    """Rename, resolving a lost reply (OutcomeUnknown) from the server's state.
+
+    SourceGone propagates when ``src`` was never there.
+    """
+    try:
+        transport.rename(src, dst)
+    except OutcomeUnknown:
+        if transport.exists(src):
+            transport.rename(src, dst)
+        # else the first rename happened (the target may already be claimed by a consumer)
+
+
+def claim_files(transport: Transport, journal: EndpointJournal, plan: Sequence[tuple[str, str, str]],
+                *, intent_point: str, rename_point: str) -> set[int]:
+    """Claim ``(op_id, src, dst)`` files by renaming; return the indexes of the claims won.
+
+    One durable batch of ``claim`` records (src, dst) comes first, so a poll of 32 files costs
+    one fsync and recovery can return every claim (rename dst -> src).  A lost race ends its
+    operation at once.
+    """
+    journal.record_many([(op, "claim", {"src": src, "dst": dst}) for op, src, dst in plan], durable=True)
+    crash_point(intent_point)
+    won: set[int] = set()
+    for i, (op, src, dst) in enumerate(plan):
+        try:
+            transport.rename(src, dst)
+        except SourceGone:
+            journal.end(op)
+            continue
+        except OutcomeUnknown:
+            if not transport.exists(dst):
+                journal.end(op)
+                continue
+        crash_point(rename_point)
+        won.add(i)
+    return won
+
+
 class Exchange:
     """One endpoint's exchange area as seen by one node."""
 
@@ -135,13 +174,7 @@ class Exchange:
             log.warning("%s: %s was no longer staged; another node exposed it", self.endpoint, stage)
 
     def _rename_resolving(self, stage: str, target: str) -> None:
-        """Rename, resolving a lost reply (OutcomeUnknown) from the server's state."""
-        try:
-            self.transport.rename(stage, target)
-        except OutcomeUnknown:
-            if self.transport.exists(stage):
-                self.transport.rename(stage, target)
-            # else the first rename happened (the target may already be claimed by a consumer)
+        rename_resolving(self.transport, stage, target)
 
     # ------------------------------------------------------------------ claiming and reading
 
@@ -158,26 +191,12 @@ class Exchange:
                  self.area.path(direction, "box", name),
                  self.area.path(direction, "select", claim_name(name, self.node_id)))
                 for name, uid, size in names]
-        self.journal.record_many([(op, "claim", {"src": src, "dst": dst})
-                                  for _, _, _, op, src, dst in plan], durable=True)
-        crash_point("claim.after-intent" if role == "serve" else "collect.after-intent")
-        claimed: list[Claimed] = []
-        lost = 0
-        for name, uid, size, op, src, dst in plan:
-            try:
-                self.transport.rename(src, dst)
-            except SourceGone:
-                lost += 1
-                self.journal.end(op)
-                continue
-            except OutcomeUnknown:
-                if not self.transport.exists(dst):
-                    lost += 1
-                    self.journal.end(op)
-                    continue
-            crash_point("claim.after-rename" if role == "serve" else "collect.after-claim")
-            claimed.append(Claimed(direction, name, dst, op, uid, size))
-        return claimed, lost
+        won = claim_files(self.transport, self.journal, [(op, src, dst) for _, _, _, op, src, dst in plan],
+                          intent_point="claim.after-intent" if role == "serve" else "collect.after-intent",
+                          rename_point="claim.after-rename" if role == "serve" else "collect.after-claim")
+        claimed = [Claimed(direction, name, dst, op, uid, size)
+                   for i, (name, uid, size, op, _, dst) in enumerate(plan) if i in won]
+        return claimed, len(plan) - len(claimed)
 
     def read(self, claimed: Claimed, sink: BinaryIO) -> int:
         return self.transport.get(claimed.path, sink)
