@@ -3,7 +3,8 @@
 ``vsftpd_server`` (session scope) runs vsftpd in the foreground (``listen=YES``,
 ``background=NO``) with a generated configuration, logging in a dedicated local user
 (``ftpbc-ftp``, created with useradd and given a random password with chpasswd; removed at
-teardown if this fixture created it) through Debian's ``vsftpd`` PAM service.  The user is
+teardown if this fixture created it) through a PAM service of its own (pam_unix only, written
+to /etc/pam.d at start and removed at teardown).  The user is
 chrooted into a temporary root outside pytest's root-only temp tree, so remote ``/`` maps to it.
 
 vsftpd has no MLSD, so this server is what exercises the LIST fallback.
@@ -35,6 +36,10 @@ from tests.servers.handle import ServerHandle
 from tests.support import IN_CI, free_port, require_binary, wait_until
 
 USER = "ftpbc-ftp"
+PAM_SERVICE_FILE = Path("/etc/pam.d/ftpbc-test-vsftpd")
+PAM_SERVICE = ("auth required pam_unix.so nodelay\n"
+               "account required pam_unix.so\n"
+               "session required pam_permit.so\n")
 #: passive data ports: below the kernel's ephemeral range (see MEASUREMENTS.md)
 PASV_PORTS = (27000, 27999)
 
@@ -74,7 +79,9 @@ class VsftpdProcess:
                 child.kill()
             except psutil.NoSuchProcess:
                 pass
-        psutil.wait_procs(children, timeout=5)
+        # A dead process's sockets are closed before it is reaped (grandchildren are reaped by
+        # init, possibly late): wait for death, not for the zombie to go.
+        wait_until(lambda: all(_dead(c) for c in children), timeout=5, what="vsftpd sessions to die")
 
     def stop(self) -> None:
         if self.proc is None:
@@ -92,6 +99,13 @@ class VsftpdProcess:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+def _dead(p: psutil.Process) -> bool:
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _config(root: Path, workdir: Path, port: int) -> str:
@@ -112,7 +126,7 @@ def _config(root: Path, workdir: Path, port: int) -> str:
         "secure_chroot_dir": str(workdir / "empty"),
         # The seccomp filter breaks vsftpd in some containers; the tests need no sandbox.
         "seccomp_sandbox": "NO",
-        "pam_service_name": "vsftpd",
+        "pam_service_name": PAM_SERVICE_FILE.name,
         "userlist_enable": "NO",
         "pasv_enable": "YES",
         "pasv_min_port": str(PASV_PORTS[0]),
@@ -160,7 +174,13 @@ def vsftpd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHa
                         "--shell", "/bin/sh", USER], check=True)
         created = True
     password = secrets.token_urlsafe(12)
-    subprocess.run(["chpasswd"], input=f"{USER}:{password}\n".encode(), check=True)
+    # SHA-512 with few rounds: Debian's default (yescrypt) costs ~100 ms per login, and the
+    # tests log in often.  The password is random and lives for one test session.
+    subprocess.run(["chpasswd", "--crypt-method", "SHA512", "--sha-rounds", "1000"],
+                   input=f"{USER}:{password}\n".encode(), check=True)
+    # Our own PAM service: pam_unix without its 2 s delay after a failure (the wrong-password
+    # tests), and without Debian's session stack (pam_systemd), which vsftpd does not need.
+    PAM_SERVICE_FILE.write_text(PAM_SERVICE)
 
     workdir = tmp_path_factory.mktemp("vsftpd")
     (workdir / "empty").mkdir(mode=0o755)
@@ -188,5 +208,6 @@ def vsftpd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHa
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+        PAM_SERVICE_FILE.unlink(missing_ok=True)
         if created:
             subprocess.run(["userdel", USER], check=False)
