@@ -22,6 +22,9 @@ POINTS = (
     "serve.after-result", "serve.after-stage", "serve.after-commit", "serve.after-expose",
     # client: collecting the response
     "collect.after-intent", "collect.after-claim", "collect.after-read", "collect.after-archive",
+    # transfers (ftpbc/transfer.py): receiving, then the outbound file of a send or a result
+    "transfer.after-claim", "transfer.after-result", "transfer.after-stage", "transfer.after-commit",
+    "transfer.before-expose", "transfer.after-expose",
     # recovery itself
     "recover.before-op", "recover.after-op",
 )

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 from ftpbc.errors import NotFound, SourceGone
 from ftpbc.faults import crash_point
-from ftpbc.journal.store import Operation
+from ftpbc.journal.store import EndpointJournal, Operation
 from ftpbc.lifecycle import Exchange
+from ftpbc.transport.base import Transport
 
 log = logging.getLogger("ftpbc.recovery")
 
@@ -78,13 +79,18 @@ def _recover_op(ex: Exchange, op: Operation) -> str:
         ex.journal.end(op.op_id)
         return outcome
     if op.kind == "claim":
-        src, dst = f["src"], f["dst"]
-        try:
-            t.rename(dst, src)
-            outcome = f"returned to {src.rsplit('/', 2)[-2]}"
-        except SourceGone:
-            outcome = "claim never made or already returned"
-        ex.journal.end(op.op_id)
-        return outcome
+        return return_claim(t, ex.journal, op)
     ex.journal.end(op.op_id)
     return f"unknown operation {op.kind!r} dropped"
+
+
+def return_claim(t: Transport, journal: EndpointJournal, op: Operation) -> str:
+    """Undo a ``claim`` (rename dst -> src) that never got further; end the operation."""
+    src, dst = op.fields["src"], op.fields["dst"]
+    try:
+        t.rename(dst, src)
+        outcome = f"returned to {src.rsplit('/', 2)[-2]}"
+    except SourceGone:
+        outcome = "claim never made or already returned"
+    journal.end(op.op_id)
+    return outcome
