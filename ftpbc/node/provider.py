@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ftpbc.config.models import EndpointConfig
 from ftpbc.errors import FtpbcError, NotFound, TransportError
@@ -52,24 +53,38 @@ class ProviderStats:
                 setattr(self, k, getattr(self, k) + v)
 
 
-class Provider:
-    def __init__(self, name: str, config: EndpointConfig, exchange: Exchange, handler: Handler,
-                 poll_lock: PollLock) -> None:
+class PollSettings(Protocol):
+    """What a :class:`Poller` needs of its configuration (endpoints and transfers have it)."""
+
+    @property
+    def poll_interval(self) -> float: ...
+    @property
+    def max_per_poll(self) -> int: ...
+    @property
+    def workers(self) -> int: ...
+
+
+class Poller:
+    """The generic half of a provider: the poll loop, worker slots, retries and draining.
+
+    A subclass implements :meth:`poll_once` (under ``poll_lock``) and hands each claimed item
+    to :meth:`_dispatch`; endpoints (:class:`Provider`) and transfers share this loop.
+    """
+
+    def __init__(self, name: str, config: PollSettings, poll_lock: PollLock) -> None:
         self.name = name
         self.config = config
-        self.exchange = exchange
-        self.handler = handler
         self.poll_lock = poll_lock
-        self.request_pattern = Pattern.parse(config.request_prefix + config.message_name)
-        self.oneway_pattern = Pattern.parse(config.oneway_prefix + config.message_name)
         self.stats = ProviderStats()
         self._stop = threading.Event()
-        self._slots = threading.BoundedSemaphore(config.workers)
         self._pool = ThreadPoolExecutor(config.workers, thread_name_prefix=f"ftpbc-{name}")
         self._thread: threading.Thread | None = None
         self._in_flight = 0
         self._in_flight_cv = threading.Condition()
-        self._reported: set[str] = set()
+
+    def poll_once(self) -> int:
+        """One poll: claimed count, 0 if nothing to do, -1 if another poller held the lock."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ polling
 
@@ -99,6 +114,67 @@ class Provider:
                 self._in_flight_cv.wait(0.5)
             return self.config.workers - self._in_flight
 
+    def _dispatch(self, job: Callable[[], None], what: str) -> None:
+        """Run ``job`` on a worker; it holds one of the slots :meth:`_free_slots` counts."""
+        with self._in_flight_cv:
+            self._in_flight += 1
+        self._pool.submit(self._work, job, what)
+
+    def _work(self, job: Callable[[], None], what: str) -> None:
+        try:
+            job()
+        except Exception:
+            log.exception("%s: unexpected failure serving %s", self.name, what)
+        finally:
+            with self._in_flight_cv:
+                self._in_flight -= 1
+                self._in_flight_cv.notify_all()
+
+    def _retry(self, step: Callable[[], bool | None]) -> bool | None:
+        """Run an idempotent step until it succeeds or the node stops (recovery then finishes)."""
+        delay = 0.05
+        while True:
+            try:
+                return step()
+            except TransportError as exc:
+                if self._stop.is_set():
+                    log.warning("%s: stopping with a step unfinished (recovery will finish it): %s",
+                                self.name, exc)
+                    return None
+                log.warning("%s: retrying after: %s", self.name, exc)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    # ------------------------------------------------------------------ stopping
+
+    def stop(self, drain_timeout: float) -> bool:
+        """Stop polling, let in-flight handlers finish; True if all finished in time."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(drain_timeout, 1.0))
+        deadline = time.monotonic() + drain_timeout
+        with self._in_flight_cv:
+            while self._in_flight > 0 and time.monotonic() < deadline:
+                self._in_flight_cv.wait(min(0.1, max(deadline - time.monotonic(), 0.001)))
+            drained = self._in_flight == 0
+        self._pool.shutdown(wait=drained, cancel_futures=True)
+        return drained
+
+
+class Provider(Poller):
+    """One endpoint's request poller and workers."""
+
+    config: EndpointConfig
+
+    def __init__(self, name: str, config: EndpointConfig, exchange: Exchange, handler: Handler,
+                 poll_lock: PollLock) -> None:
+        super().__init__(name, config, poll_lock)
+        self.exchange = exchange
+        self.handler = handler
+        self.request_pattern = Pattern.parse(config.request_prefix + config.message_name)
+        self.oneway_pattern = Pattern.parse(config.oneway_prefix + config.message_name)
+        self._reported: set[str] = set()
+
     def poll_once(self) -> int:
         """One poll: claimed count, 0 if nothing to do, -1 if another poller held the lock."""
         free = min(self._free_slots(), self.config.max_per_poll)
@@ -123,9 +199,7 @@ class Provider:
             claimed, lost = self.exchange.claim("in", picks, "serve")
         self.stats.add(lost_races=lost)
         for c in claimed:
-            with self._in_flight_cv:
-                self._in_flight += 1
-            self._pool.submit(self._serve, c)
+            self._dispatch(lambda c=c: self._serve_one(c), c.name)  # type: ignore[misc]
         return len(claimed) if claimed else (1 if lost else 0)
 
     def _report_foreign(self, name: str) -> None:
@@ -135,16 +209,6 @@ class Provider:
                         self.request_pattern.text)
 
     # ------------------------------------------------------------------ serving
-
-    def _serve(self, claimed: Claimed) -> None:
-        try:
-            self._serve_one(claimed)
-        except Exception:
-            log.exception("%s: unexpected failure serving %s", self.name, claimed.name)
-        finally:
-            with self._in_flight_cv:
-                self._in_flight -= 1
-                self._in_flight_cv.notify_all()
 
     def _serve_one(self, claimed: Claimed) -> None:
         started = time.monotonic()
@@ -181,33 +245,3 @@ class Provider:
             self.stats.add(served=1 if error is None else 0, failed=1 if error is not None else 0)
             with self.stats.lock:
                 self.stats.latencies.append(time.monotonic() - started)
-
-    def _retry(self, step: Callable[[], bool | None]) -> bool | None:
-        """Run an idempotent step until it succeeds or the node stops (recovery then finishes)."""
-        delay = 0.05
-        while True:
-            try:
-                return step()
-            except TransportError as exc:
-                if self._stop.is_set():
-                    log.warning("%s: stopping with a step unfinished (recovery will finish it): %s",
-                                self.name, exc)
-                    return None
-                log.warning("%s: retrying after: %s", self.name, exc)
-                self._stop.wait(delay)
-                delay = min(delay * 2, 5.0)
-
-    # ------------------------------------------------------------------ stopping
-
-    def stop(self, drain_timeout: float) -> bool:
-        """Stop polling, let in-flight handlers finish; True if all finished in time."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=max(drain_timeout, 1.0))
-        deadline = time.monotonic() + drain_timeout
-        with self._in_flight_cv:
-            while self._in_flight > 0 and time.monotonic() < deadline:
-                self._in_flight_cv.wait(min(0.1, max(deadline - time.monotonic(), 0.001)))
-            drained = self._in_flight == 0
-        self._pool.shutdown(wait=drained, cancel_futures=True)
-        return drained
