@@ -107,6 +107,19 @@ class EndpointConfig(_Frozen):
             raise ValueError(f"prefix {v!r} must be plain text without '/', '%' or '..'")
         return v
 
+    @field_validator("message_name")
+    @classmethod
+    def _pattern_syntax(cls, v: str) -> str:
+        from ftpbc.errors import PatternError
+        from ftpbc.patterns import Pattern
+
+        try:
+            Pattern.parse(v)
+        except PatternError as exc:
+            # As a ValueError pydantic reports the key path, and the loader then the line.
+            raise ValueError(str(exc)) from None
+        return v
+
     @field_validator("handler")
     @classmethod
     def _handler_form(cls, v: str | None) -> str | None:
@@ -141,7 +154,7 @@ class EndpointConfig(_Frozen):
         return self
 
 
-def _split_pattern_path(key: str, value: str) -> tuple[str, str]:
+def split_pattern_path(key: str, value: str) -> tuple[str, str]:
     """``(directory, name pattern)`` of ``/dir/pattern``; the directory must be literal."""
     from ftpbc.transport.base import normalize
 
@@ -229,7 +242,7 @@ class TransferConfig(_Frozen):
         if self.receive_from is None and self.send_to is None:
             raise ValueError("a transfer needs receive_from, send_to or both")
         if self.receive_from is not None:
-            _, name = _split_pattern_path("receive_from", self.receive_from)
+            _, name = split_pattern_path("receive_from", self.receive_from)
             from ftpbc.patterns.grammar import DirName, FileName
 
             if any(isinstance(t, FileName | DirName) for t in Pattern.parse(name).tokens):
@@ -237,7 +250,7 @@ class TransferConfig(_Frozen):
         elif self.handler is not None:
             raise ValueError("handler needs receive_from (the files it is called with)")
         if self.send_to is not None:
-            _, name = _split_pattern_path("send_to", self.send_to)
+            _, name = split_pattern_path("send_to", self.send_to)
             if Pattern.parse(name).has_wildcard:
                 raise ValueError(f"send_to {self.send_to!r}: the wildcard %* cannot make a name")
         for key in ("post_receive_to", "pre_send_to", "post_send_to"):
