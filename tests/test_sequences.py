@@ -215,10 +215,10 @@ def test_seq_command_sets_and_shows_what_the_nodes_draw(tmp_path: Path) -> None:
 
     config = tmp_path / "ftpbc.yaml"
     config.write_text(
-        f"node:\n  state_dir: {tmp_path}/state\n  journal_dir: {tmp_path}/journal\n"
+        f"node:\n  id: n1\n  state_dir: {tmp_path}/state\n  journal_dir: {tmp_path}/journal\n"
         f"servers:\n  files:\n    url: file://{tmp_path}/repo\n"
         "endpoints:\n  quote:\n    server: files\n    repository: /quote\n    message_name: '%u.%{myseq}'\n")
-    store = SequenceStore(tmp_path / "journal", tmp_path / "state")
+    store = SequenceStore(tmp_path / "journal" / "n1", tmp_path / "state")  # node n1's own
     runner = CliRunner()
 
     def run(*args: str) -> str:

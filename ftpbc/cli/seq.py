@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import click
 
-from ftpbc.cli.common import config_option, load
+from ftpbc.cli.common import config_option, load, node_id_option
 from ftpbc.config.models import Config
 from ftpbc.errors import PatternError
 from ftpbc.patterns import Pattern
@@ -23,8 +23,8 @@ from ftpbc.sequences import SequenceKind, SequenceStore, check_sequence_name
 
 
 def store_for(config: Config) -> SequenceStore:
-    """The store a node running ``config`` uses (node-local: journal_dir; shared: state_dir)."""
-    return SequenceStore(config.node.journal_dir, config.node.state_dir)
+    """The store a node running ``config`` uses (see Config.sequence_dirs)."""
+    return SequenceStore(*config.sequence_dirs())
 
 
 def parse_name(config: Config, name: str) -> tuple[SequenceKind, str | None, str]:
@@ -59,10 +59,14 @@ def parse_name(config: Config, name: str) -> tuple[SequenceKind, str | None, str
 
 @click.group()
 @config_option
+@node_id_option
 @click.pass_context
-def seq(ctx: click.Context, config_path: str) -> None:
-    """Show or set persisted sequence numbers (%0-%9, %{0}-%{9}, %{name})."""
-    ctx.obj = load(config_path)
+def seq(ctx: click.Context, config_path: str, node_id: str | None) -> None:
+    """Show or set persisted sequence numbers (%0-%9, %{0}-%{9}, %{name}).
+
+    Node-local counters (%0-%9) belong to one node id: give --node-id to see a node's own.
+    """
+    ctx.obj = load(config_path, node_id)
 
 
 @seq.command()
