@@ -1,0 +1,214 @@
+"""FTP/FTPS-only behaviour: implicit TLS, NAT'd PASV replies, certificate checks, the pool,
+reconnection, streaming memory, and the LIST parser vsftpd depends on."""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from ftpbc.config.servers import ServerConfig
+from ftpbc.embedded import EmbeddedFTPServer
+from ftpbc.errors import ConnectFailed, TLSFailed
+from ftpbc.transport import open_transport
+from ftpbc.transport.ftp import FTPTransport, _parse_list_line
+from tests.servers.handle import ServerHandle
+from tests.servers.pyftpd import TLSMaterial, make_tls_material
+
+GIB = 1 << 30
+
+
+@pytest.fixture
+def password() -> str:
+    return secrets.token_urlsafe(12)
+
+
+def round_trip(cfg: ServerConfig, data: bytes = b"payload \x00\xff") -> bytes:
+    with open_transport(cfg) as t:
+        t.mkdir("/rt")
+        t.put("/rt/f", io.BytesIO(data))
+        assert [e.name for e in t.list("/rt")] == ["f"]
+        out = io.BytesIO()
+        t.get("/rt/f", out)
+        t.delete("/rt/f")
+        return out.getvalue()
+
+
+def test_implicit_ftps_round_trip(tmp_path: Path, tls_material: TLSMaterial, password: str) -> None:
+    with EmbeddedFTPServer(tmp_path, password=password, auth_failed_delay=0, implicit_tls=True,
+                           certfile=tls_material.cert_file, keyfile=tls_material.key_file) as srv:
+        cfg = ServerConfig.from_url(srv.url, password=password, tls="implicit",
+                                    ca_file=tls_material.ca_file, timeout=5)
+        assert round_trip(cfg) == b"payload \x00\xff"
+        # An explicit-TLS client speaks plain text first: the implicit server cannot answer it.
+        with pytest.raises((ConnectFailed, TLSFailed)):
+            open_transport(cfg.model_copy(update={"tls": "explicit", "timeout": 1.0})).list("/")
+
+
+def test_pasv_reply_with_a_foreign_address_falls_back_to_the_control_host(
+        tmp_path: Path, password: str) -> None:
+    """A server behind NAT announces its private address; connecting there would hang."""
+    with EmbeddedFTPServer(tmp_path, password=password, auth_failed_delay=0,
+                           masquerade_address="10.255.255.1", disabled_commands=("EPSV",)) as srv:
+        cfg = ServerConfig.from_url(srv.url, password=password, timeout=3)
+        started = time.monotonic()
+        assert round_trip(cfg) == b"payload \x00\xff"
+        assert time.monotonic() - started < 3
+
+
+def test_wrong_ca_is_tls_failed(pyftpdlib_ftps_server: ServerHandle, tmp_path: Path) -> None:
+    other = make_tls_material(tmp_path / "other", common_name="someone else's CA")
+    cfg = pyftpdlib_ftps_server.config(ca_file=other.ca_file, timeout=5)
+    with open_transport(cfg) as t, pytest.raises(TLSFailed) as err:
+        t.list("/")
+    assert cfg.display in str(err.value)
+    assert "certificate" in str(err.value)
+
+
+def test_system_trust_store_rejects_a_private_ca(pyftpdlib_ftps_server: ServerHandle) -> None:
+    """Verification is on by default: without ca_file the test CA is not trusted."""
+    options = {k: v for k, v in pyftpdlib_ftps_server.options.items() if k != "ca_file"}
+    cfg = ServerConfig.from_url(pyftpdlib_ftps_server.url, password=pyftpdlib_ftps_server.password,
+                                timeout=5, **options)
+    with open_transport(cfg) as t, pytest.raises(TLSFailed):
+        t.list("/")
+    # ...and verify_tls: false is the explicit way out.
+    with open_transport(cfg.model_copy(update={"verify_tls": False})) as t:
+        assert isinstance(t.list("/"), list)
+
+
+def test_a_server_that_never_answers_is_connect_failed_within_the_timeout() -> None:
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(1)  # accepts (in the kernel) but never sends a banner
+        port = mute.getsockname()[1]
+        cfg = ServerConfig.from_url(f"ftp://u@127.0.0.1:{port}/", password="p", timeout=1)
+        started = time.monotonic()
+        with open_transport(cfg) as t, pytest.raises(ConnectFailed) as err:
+            t.list("/")
+        assert time.monotonic() - started < 2.5
+        assert "timed out" in str(err.value)
+
+
+def test_pool_bounds_connections_and_reuses_them(tmp_path: Path, password: str) -> None:
+    with EmbeddedFTPServer(tmp_path, password=password, auth_failed_delay=0) as srv:
+        cfg = ServerConfig.from_url(srv.url, password=password, pool_size=2)
+        peak = 0
+        with open_transport(cfg) as t:
+            assert isinstance(t, FTPTransport)
+
+            def work(i: int) -> None:
+                nonlocal peak
+                for j in range(20):
+                    t.put(f"/f{i}-{j}", io.BytesIO(b"x"))
+                    peak = max(peak, srv.connection_count)
+
+            threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(timeout=60)
+            assert len(os.listdir(tmp_path)) == 120
+            assert peak <= 2
+            assert t.pool.connects == 2
+
+
+def test_reconnects_after_a_server_restart(pyftpdlib_server: ServerHandle) -> None:
+    d = pyftpdlib_server.fresh_dir()
+    with open_transport(pyftpdlib_server.config(timeout=10)) as t:
+        t.put(f"{d}/f", io.BytesIO(b"before"))
+        pyftpdlib_server.controls["restart"]()
+        out = io.BytesIO()
+        t.get(f"{d}/f", out)
+        assert out.getvalue() == b"before"
+
+
+_CLIENT = r"""
+import io, resource, sys
+from ftpbc.config.servers import ServerConfig
+from ftpbc.transport import open_transport
+
+class Pattern(io.RawIOBase):
+    # size bytes of a repeating pattern, generated as read: nothing is held in memory
+    def __init__(self, size):
+        self.left = size
+        self.block = bytes(range(256)) * 4096
+    def readable(self):
+        return True
+    def readinto(self, b):
+        n = min(len(b), self.left, len(self.block))
+        b[:n] = self.block[:n]
+        self.left -= n
+        return n
+
+class Sink(io.RawIOBase):
+    def __init__(self):
+        self.n = 0
+    def writable(self):
+        return True
+    def write(self, b):
+        self.n += len(b)
+        return len(b)
+
+url, password, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with open_transport(ServerConfig.from_url(url, password=password, timeout=60)) as t:
+    sent = t.put("/big", io.BufferedReader(Pattern(size), 1 << 20))
+    sink = Sink()
+    got = t.get("/big", sink)
+print(sent, got, sink.n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+@pytest.mark.slow
+def test_one_gib_streams_through_in_constant_memory(tmp_path: Path, password: str) -> None:
+    """put and get of 1 GiB in a client process whose peak RSS stays under 100 MiB."""
+    with EmbeddedFTPServer(tmp_path, password=password, auth_failed_delay=0) as srv:
+        result = subprocess.run([sys.executable, "-c", _CLIENT, srv.url, password, str(GIB)],
+                                capture_output=True, text=True, timeout=240)
+        assert result.returncode == 0, result.stderr[-2000:]
+        sent, got, sunk, peak_rss = (int(x) for x in result.stdout.split())
+        assert sent == got == sunk == GIB
+        assert (tmp_path / "big").stat().st_size == GIB
+        assert peak_rss < 100 * (1 << 20), f"peak RSS {peak_rss / (1 << 20):.0f} MiB"
+        (tmp_path / "big").unlink()
+
+
+# --------------------------------------------------------------------------- LIST parsing
+
+NOW = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("line", "name", "size", "is_dir", "mtime"), [
+    ("-rw-r--r--    1 1001     1001            5 Mar 09 08:15 plain.txt", "plain.txt", 5, False,
+     datetime(2026, 3, 9, 8, 15, tzinfo=UTC)),
+    ("drwxrwxrwx    2 0        0            4096 Dec 31 23:59 dir", "dir", 4096, True,
+     datetime(2025, 12, 31, 23, 59, tzinfo=UTC)),  # no year and "in the future": last year
+    ("-rw-------    1 0        0      1234567 Jan 01  2020 old file", "old file", 1234567, False,
+     datetime(2020, 1, 1, tzinfo=UTC)),
+    ("-rw-r--r--    1 1001     1001            0 Mar 10 11:59  leading space", " leading space", 0,
+     False, datetime(2026, 3, 10, 11, 59, tzinfo=UTC)),
+    ("-rw-r--r--    1 1001     1001            3 Mar 10 11:59 -dash ünï", "-dash ünï", 3, False,
+     datetime(2026, 3, 10, 11, 59, tzinfo=UTC)),
+    ("lrwxrwxrwx    1 0        0               4 Mar 10 11:59 link -> target", "link", 4, False,
+     datetime(2026, 3, 10, 11, 59, tzinfo=UTC)),
+])
+def test_unix_list_lines_parse(line: str, name: str, size: int, is_dir: bool, mtime: datetime) -> None:
+    entry = _parse_list_line(line, NOW)
+    assert entry is not None
+    assert (entry.name, entry.size, entry.is_dir, entry.mtime) == (name, size, is_dir, mtime)
+
+
+@pytest.mark.parametrize("line", ["total 12", "drwxr-xr-x 2 0 0 4096 Mar 10 11:59 .",
+                                  "drwxr-xr-x 2 0 0 4096 Mar 10 11:59 ..", "garbage"])
+def test_list_lines_that_are_not_entries_are_skipped(line: str) -> None:
+    assert _parse_list_line(line, NOW) is None
+
