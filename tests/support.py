@@ -74,11 +74,15 @@ def run_ftpbc(*args: str, env: dict[str, str] | None = None, cwd: str | os.PathL
                           capture_output=True, text=True, check=False)
 
 
-def popen_ftpbc(*args: str, env: dict[str, str] | None = None,
-                cwd: str | os.PathLike[str] | None = None) -> subprocess.Popen[str]:
-    """Start ``ftpbc ARGS`` (e.g. ``serve``); the caller must end it (SIGTERM, then wait)."""
-    return subprocess.Popen([*FTPBC, *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def popen_ftpbc(*args: str, log: Path, env: dict[str, str] | None = None,
+                cwd: str | os.PathLike[str] | None = None) -> subprocess.Popen[bytes]:
+    """Start ``ftpbc ARGS`` (e.g. ``serve``), its output going to the file ``log``.
+
+    A file, not a pipe: a long-running node's log would fill a pipe nobody reads and block it.
+    The caller must end the process (SIGTERM, then wait).
+    """
+    with open(log, "ab") as out:
+        return subprocess.Popen([*FTPBC, *args], env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
 
 
 def server_yaml(handle: ServerHandle, password_env: str, base: str = "") -> dict[str, object]:
