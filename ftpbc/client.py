@@ -27,6 +27,7 @@ from ftpbc.errors import FtpbcError, NotFound, RemoteHandlerError, RequestTimeou
 from ftpbc.exchange import ERROR_REPLY_SUFFIX
 from ftpbc.lifecycle import Claimed, Exchange, op_id_for
 from ftpbc.runtime import Runtime
+from ftpbc.transfer import Transfer
 
 log = logging.getLogger("ftpbc.client")
 
@@ -136,6 +137,7 @@ class Client:
         self.runtime = Runtime(config, connections=connections)
         self.runtime.heartbeat.start()
         self._pollers: dict[str, _ResponsePoller] = {}
+        self._transfers: dict[str, Transfer] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -151,7 +153,13 @@ class Client:
     # ------------------------------------------------------------------ API
 
     def send(self, endpoint: str, body: bytes | str | BinaryIO) -> str:
-        """Send a one-way message; return its remote path once it is visible in the inbox."""
+        """Send a one-way message; return its remote path once it is visible in the inbox.
+
+        ``endpoint`` may name a transfer: the file goes to its ``send_to`` (with its pre/post
+        send commands) and the returned path is where it ended up.
+        """
+        if endpoint in self.config.transfers:
+            return self._transfer(endpoint).send(_bytes(body))
         ep = self.config.endpoint(endpoint)
         name, uid = self.runtime.new_message_name(endpoint, ep.oneway_prefix)
         ex = self.runtime.exchange(endpoint)
@@ -209,6 +217,13 @@ class Client:
             except (NotFound, TransportError):
                 pass
             raise
+
+    def _transfer(self, name: str) -> Transfer:
+        with self._lock:
+            tr = self._transfers.get(name)
+            if tr is None:
+                tr = self._transfers[name] = Transfer.from_runtime(self.runtime, name)
+            return tr
 
     def _poller(self, endpoint: str) -> _ResponsePoller:
         with self._lock:

@@ -53,7 +53,7 @@ def request(config_path: str, node_id: str | None, endpoint: str, data: str | No
 @_body_options
 def send(config_path: str, node_id: str | None, endpoint: str, data: str | None, file: str | None,
          stdin: str | None) -> None:
-    """Send a one-way message to ENDPOINT and print its remote file name."""
+    """Send a one-way message to ENDPOINT (or a file to a transfer's send_to); print its remote path."""
     from ftpbc.client import Client
 
     body = read_body(data, file, stdin == "-")

@@ -20,9 +20,12 @@ from ftpbc.errors import ConfigError, FtpbcError
 from ftpbc.journal.recovery import Action, recover_endpoint
 from ftpbc.message import Message
 from ftpbc.node.locks import PollLock
-from ftpbc.node.provider import Provider
+from ftpbc.node.provider import Poller, Provider
 from ftpbc.node.sweeper import Sweeper
+from ftpbc.node.transfer import TransferProvider, TransferSweeper
 from ftpbc.runtime import Runtime
+from ftpbc.transfer import KEY_PREFIX as TRANSFER_KEY_PREFIX
+from ftpbc.transfer import Transfer
 
 log = logging.getLogger("ftpbc.node")
 
@@ -45,10 +48,19 @@ def load_handler(spec: str, *, key: str, source: str) -> Handler:
     return handler  # type: ignore[no-any-return]
 
 
-def recover(runtime: Runtime) -> list[Action]:
+def recover(runtime: Runtime, transfers: dict[str, Transfer] | None = None) -> list[Action]:
     """Replay this node's journal; endpoints no longer configured are reported, not touched."""
     actions: list[Action] = []
     for endpoint, ops in runtime.journal.all_pending().items():
+        if endpoint.startswith(TRANSFER_KEY_PREFIX):
+            name = endpoint[len(TRANSFER_KEY_PREFIX):]
+            if name in runtime.config.transfers:
+                tr = (transfers or {}).get(name) or Transfer.from_runtime(runtime, name)
+                actions.extend(tr.recover())
+            else:
+                actions.extend(Action(endpoint, op.op_id, op.kind, "skipped: transfer not configured")
+                               for op in ops)
+            continue
         if endpoint not in runtime.config.endpoints:
             actions.extend(Action(endpoint, op.op_id, op.kind, "skipped: endpoint not configured")
                            for op in ops)
@@ -70,10 +82,17 @@ class Node:
                 assert ep.handler is not None
                 self.handlers[name] = load_handler(ep.handler, key=f"endpoints.{name}.handler",
                                                    source=config.source)
-        workers = sum(config.endpoints[n].workers for n in self.handlers)
-        self.runtime = Runtime(config, connections=workers + 2 * len(self.handlers) + 1)
-        self.providers: dict[str, Provider] = {}
-        self.sweepers: list[Sweeper] = []
+        self.transfer_handlers: dict[str, Handler] = {}
+        for name, tc in config.transfers.items():
+            if tc.receive_from is not None and (tc.handler or name in handlers):
+                self.transfer_handlers[name] = handlers.get(name) or load_handler(
+                    str(tc.handler), key=f"transfers.{name}.handler", source=config.source)
+        workers = (sum(config.endpoints[n].workers for n in self.handlers)
+                   + sum(config.transfers[n].workers for n in self.transfer_handlers))
+        served_count = len(self.handlers) + len(self.transfer_handlers)
+        self.runtime = Runtime(config, connections=workers + 2 * served_count + 1)
+        self.providers: dict[str, Poller] = {}
+        self.sweepers: list[Sweeper | TransferSweeper] = []
         self.recovered: list[Action] = []
         self._stop = threading.Event()
         self._sweep_thread: threading.Thread | None = None
@@ -85,7 +104,8 @@ class Node:
     def start(self) -> None:
         node = self.config.node
         self.runtime.heartbeat.start()
-        self.recovered = recover(self.runtime)
+        transfers = {name: Transfer.from_runtime(self.runtime, name) for name in self.transfer_handlers}
+        self.recovered = recover(self.runtime, transfers)
         for name, handler in self.handlers.items():
             ep = self.config.endpoints[name]
             ex = self.runtime.exchange(name)
@@ -95,8 +115,16 @@ class Node:
             server = self.config.servers[ep.server]
             log.info("serving %s on %s%s (lock: %s, workers: %d, node: %s)", name, server.display,
                      ep.repository, ep.lock, ep.workers, self.node_id)
-        for provider in self.providers.values():
-            provider.start()
+        for name, handler in self.transfer_handlers.items():
+            tr = transfers[name]
+            tr.prepare()
+            self.providers[name] = TransferProvider(tr, handler)
+            self.sweepers.append(TransferSweeper(tr, Path(node.state_dir), node.lease))
+            server = self.config.servers[tr.config.server]
+            log.info("serving transfer %s on %s%s (lock: %s, workers: %d, node: %s)", name, server.display,
+                     tr.config.receive_from, tr.config.lock, tr.config.workers, self.node_id)
+        for poller in self.providers.values():
+            poller.start()
         self._sweep_thread = threading.Thread(target=self._sweep_loop, name="sweeper", daemon=True)
         self._sweep_thread.start()
 
@@ -114,7 +142,8 @@ class Node:
         self._stop.set()
         drained = True
         for name, provider in self.providers.items():
-            limit = self.config.endpoints[name].drain_timeout if drain_timeout is None else drain_timeout
+            settings = self.config.endpoints.get(name) or self.config.transfers[name]
+            limit = settings.drain_timeout if drain_timeout is None else drain_timeout
             drained = provider.stop(limit) and drained
         if self._sweep_thread is not None:
             self._sweep_thread.join(timeout=5)
