@@ -129,6 +129,15 @@ class EmbeddedFTPServer:
         return len(clients)
 
     @property
+    def handler_class(self) -> type[FTPHandler]:
+        """The pyftpdlib handler class of this server's sessions.
+
+        Tests patch commands on it (before or while serving) to inject faults, such as a reply
+        that never comes; every server has its own class, so patches stay local to it.
+        """
+        return self._handler
+
+    @property
     def connection_count(self) -> int:
         """Client control connections currently open."""
         with self._clients_lock:

@@ -11,14 +11,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ftpbc.config.servers import ServerConfig
 from ftpbc.embedded import EmbeddedFTPServer
-from ftpbc.errors import ConnectFailed, TLSFailed
+from ftpbc.errors import ConnectFailed, OutcomeUnknown, TLSFailed
 from ftpbc.transport import open_transport
 from ftpbc.transport.ftp import FTPTransport, _parse_list_line
 from tests.servers.handle import ServerHandle
@@ -130,6 +132,108 @@ def test_reconnects_after_a_server_restart(pyftpdlib_server: ServerHandle) -> No
         out = io.BytesIO()
         t.get(f"{d}/f", out)
         assert out.getvalue() == b"before"
+
+
+# --------------------------------------------------------------------------- lost replies
+
+
+@pytest.fixture
+def faulty(tmp_path: Path, password: str) -> Iterator[tuple[EmbeddedFTPServer, ServerConfig]]:
+    """A server of this test's own, whose commands the test may sabotage."""
+    with EmbeddedFTPServer(tmp_path, password=password, auth_failed_delay=0) as srv:
+        yield srv, ServerConfig.from_url(srv.url, password=password, timeout=5)
+
+
+def lose_reply(srv: EmbeddedFTPServer, command: str, *, times: int = 1, hang: bool = False) -> list[int]:
+    """The first ``times`` ``command``s are executed but their reply is never sent; the server
+    then drops the connection (or, with ``hang``, keeps it open and silent).  Returns a
+    one-element call counter."""
+    handler = srv.handler_class
+    original = getattr(handler, f"ftp_{command}")
+    calls = [0]
+
+    def sabotaged(self: Any, *args: Any) -> Any:
+        calls[0] += 1
+        if calls[0] > times:
+            return original(self, *args)
+        self.respond = lambda *a, **k: None  # swallow this session's replies from now on
+        result = original(self, *args)
+        if not hang:
+            self.raw_socket.shutdown(socket.SHUT_RDWR)
+        return result
+
+    setattr(handler, f"ftp_{command}", sabotaged)
+    return calls
+
+
+def test_rename_whose_reply_is_lost_is_outcome_unknown_and_not_repeated(
+        faulty: tuple[EmbeddedFTPServer, ServerConfig]) -> None:
+    srv, cfg = faulty
+    calls = lose_reply(srv, "RNTO")
+    with open_transport(cfg) as t:
+        t.put("/a", io.BytesIO(b"x"))
+        with pytest.raises(OutcomeUnknown) as err:
+            t.rename("/a", "/b")
+        assert err.value.may_have_happened
+        assert "/a" in str(err.value) and cfg.display in str(err.value)
+        assert calls == [1]
+        # It did happen; the caller finds out from the server, which is reachable again.
+        assert t.exists("/b") and not t.exists("/a")
+
+
+def test_rename_whose_reply_never_comes_times_out_as_outcome_unknown(
+        faulty: tuple[EmbeddedFTPServer, ServerConfig]) -> None:
+    srv, cfg = faulty
+    calls = lose_reply(srv, "RNTO", hang=True)
+    with open_transport(cfg) as t:
+        t.put("/a", io.BytesIO(b"x"))
+        started = time.monotonic()
+        with pytest.raises(OutcomeUnknown, match="no reply"):
+            t.rename("/a", "/b", timeout=1)
+        assert time.monotonic() - started < 2.5
+        assert calls == [1]
+
+
+def test_delete_whose_reply_is_lost_is_not_repeated(faulty: tuple[EmbeddedFTPServer, ServerConfig]) -> None:
+    srv, cfg = faulty
+    calls = lose_reply(srv, "DELE")
+    with open_transport(cfg) as t:
+        t.put("/a", io.BytesIO(b"x"))
+        with pytest.raises(OutcomeUnknown):
+            t.delete("/a")
+        assert calls == [1]
+        assert not t.exists("/a")
+
+
+def test_put_from_a_seekable_stream_is_repeated_after_a_lost_reply(
+        faulty: tuple[EmbeddedFTPServer, ServerConfig]) -> None:
+    srv, cfg = faulty
+    calls = lose_reply(srv, "STOR")
+    data = bytes(range(256)) * 100
+    with open_transport(cfg) as t:
+        assert t.put("/a", io.BytesIO(data)) == len(data)
+    assert calls == [2]
+    assert (srv.root / "a").read_bytes() == data
+
+
+def test_put_from_a_pipe_is_not_repeated(faulty: tuple[EmbeddedFTPServer, ServerConfig]) -> None:
+    srv, cfg = faulty
+    calls = lose_reply(srv, "STOR")
+    r, w = os.pipe()
+    os.write(w, b"from a pipe")
+    os.close(w)
+    with open_transport(cfg) as t, open(r, "rb") as pipe, pytest.raises(OutcomeUnknown):
+        t.put("/a", pipe)
+    assert calls == [1]
+
+
+def test_mkdir_is_repeated_after_a_lost_reply(faulty: tuple[EmbeddedFTPServer, ServerConfig]) -> None:
+    srv, cfg = faulty
+    calls = lose_reply(srv, "MKD")
+    with open_transport(cfg) as t:
+        t.mkdir("/x/y")
+        assert t.stat("/x/y").is_dir
+    assert calls[0] >= 2
 
 
 _CLIENT = r"""
