@@ -126,6 +126,7 @@ def pairs(parsed: DataFrame, window: Window) -> DataFrame:
                F.max((F.col("kind") == "response") & (F.col("folder") == "outarchive")).alias("has_response"),
                F.max(F.col("kind") == "error_reply").alias("has_error_reply"),
                F.max(F.col("folder") == "outerror").alias("unreadable"),
+               F.max(F.col("node") == UNCOLLECTED).alias("swept"),
                F.min(F.when(collected, F.col("stamp_us"))).alias("collected_us"),
                F.min_by(F.when(collected, F.col("node")), F.when(collected, F.col("stamp_us")))
                .alias("collector_node"),
@@ -155,7 +156,7 @@ def by_bucket(p: DataFrame) -> DataFrame:
         _int(F.col("has_response")).alias("responses"),
         _int(F.col("failed") | F.coalesce(F.col("has_error_reply"), F.lit(False))).alias("errors"),
         _int(~replied).alias("unanswered"),
-        _int(replied & F.col("collected_us").isNull()).alias("uncollected"),
+        _int(F.col("swept")).alias("uncollected"),
         _int(F.col("unreadable")).alias("unreadable"),
         F.sum("request_bytes").alias("request_bytes"),
         F.coalesce(F.sum("response_bytes"), F.lit(0)).cast("long").alias("response_bytes"),
