@@ -312,7 +312,13 @@ def test_unix_list_lines_parse(line: str, name: str, size: int, is_dir: bool, mt
 
 
 @pytest.mark.parametrize("line", ["total 12", "drwxr-xr-x 2 0 0 4096 Mar 10 11:59 .",
-                                  "drwxr-xr-x 2 0 0 4096 Mar 10 11:59 ..", "garbage"])
+                                  "drwxr-xr-x 2 0 0 4096 Mar 10 11:59 .."])
 def test_list_lines_that_are_not_entries_are_skipped(line: str) -> None:
     assert _parse_list_line(line, NOW) is None
+
+
+@pytest.mark.parametrize("line", ["03-10-26  11:59AM       <DIR>          windows-dir", "garbage"])
+def test_list_lines_in_unknown_formats_are_refused_not_skipped(line: str) -> None:
+    with pytest.raises(ValueError, match="unix-style"):
+        _parse_list_line(line, NOW)
 

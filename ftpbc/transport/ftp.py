@@ -68,7 +68,6 @@ class _Session:
     ftp: ftplib.FTP
     peer_host: str
     features: set[str] = field(default_factory=set)
-    cwd: str | None = None
 
     @property
     def sock(self) -> socket.socket:
@@ -130,8 +129,17 @@ class FTPTransport(Transport):
                 return [e for e in map(_parse_mlsx, lines) if e is not None]
             self._cwd(s, remote)
             now = datetime.now(UTC)
-            return [e for e in (_parse_list_line(ln, now) for ln in
-                                self._read_lines(s, "LIST -a", path)) if e is not None]
+            entries = []
+            for line in self._read_lines(s, "LIST -a", path):
+                try:
+                    entry = _parse_list_line(line, now)
+                except ValueError:
+                    # Skipping it would hide a file from every consumer: refuse instead.
+                    raise ProtocolError(f"cannot parse LIST line {line!r} (only unix-style listings "
+                                        "are understood)", server=self.server, path=path) from None
+                if entry is not None:
+                    entries.append(entry)
+            return entries
 
         return self._run(path, op, timeout=timeout, repeatable=True)
 
@@ -322,10 +330,9 @@ class FTPTransport(Transport):
             raise
 
     def _cwd(self, s: _Session, remote: str) -> None:
-        if s.cwd != remote:
-            s.cwd = None  # unknown until the reply says otherwise
-            s.ftp.sendcmd(f"CWD {remote}")
-            s.cwd = remote
+        # Never cached: a directory removed and re-created under the same name would otherwise
+        # be listed through the stale working directory of the server process (empty).
+        s.ftp.sendcmd(f"CWD {remote}")
 
     def _read_lines(self, s: _Session, command: str, path: str) -> builtins.list[str]:
         with self._data(s, command, path, None) as conn:
@@ -546,14 +553,18 @@ _MONTHS = {m: i for i, m in enumerate(
 
 
 def _parse_list_line(line: str, now: datetime) -> Entry | None:
-    """One unix ``ls -l`` style LIST line (vsftpd, ProFTPD...).  None for others and ``.``/``..``.
+    """One unix ``ls -l`` style LIST line (vsftpd, ProFTPD...).
+
+    None for ``total N``, ``.`` and ``..``; ValueError for a line in any other format.
 
     Times are taken as UTC (vsftpd's default, ``use_localtime=NO``).  A date without a year is
     in the last twelve months, as ``ls`` prints it.
     """
     m = _LIST_RE.match(line)
     if m is None:
-        return None
+        if line.startswith("total "):
+            return None
+        raise ValueError(f"not a unix-style LIST line: {line!r}")
     name = m["name"]
     if m["type"] == "l" and " -> " in name:
         name = name.split(" -> ", 1)[0]
