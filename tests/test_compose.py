@@ -1,0 +1,167 @@
+"""docker-compose.yml without a container engine: it parses, what it mounts exists, every
+``ftpbc`` command in it is accepted by the CLI, and its nodes run examples/cluster.yaml against
+its own FTP service with a shared state volume."""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import click
+import pytest
+import yaml
+
+from ftpbc.cli import cli
+from ftpbc.config.loader import load_config
+
+REPO = Path(__file__).resolve().parent.parent
+COMPOSE = REPO / "docker-compose.yml"
+
+
+def compose() -> dict[str, Any]:
+    doc = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))  # resolves the <<: *ftpbc merges
+    assert isinstance(doc, dict)
+    return doc
+
+
+def services() -> dict[str, dict[str, Any]]:
+    return compose()["services"]  # type: ignore[no-any-return]
+
+
+def parse_ftpbc(argv: list[str]) -> click.Context:
+    """Parse ``ftpbc ...`` as the CLI would, converting every value, without running it."""
+    assert argv[0] == "ftpbc" and len(argv) > 1
+    group_ctx = cli.make_context("ftpbc", argv[1:])
+    command = cli.get_command(group_ctx, argv[1])
+    if command is None:
+        raise click.UsageError(f"no such command {argv[1]!r}")
+    return command.make_context(argv[1], argv[2:], parent=group_ctx)
+
+
+def option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def bind_mounts(service: dict[str, Any]) -> dict[str, Path]:
+    """container path -> repository path of the service's bind mounts (``./x:/y[:ro]``)."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith("."):
+            mounts[target] = (REPO / source).resolve()
+    return mounts
+
+
+def named_volumes(service: dict[str, Any]) -> dict[str, str]:
+    """container path -> named volume."""
+    return {v.split(":")[1]: v.split(":")[0] for v in service.get("volumes", []) if not v.startswith(".")}
+
+
+def host_path(service: dict[str, Any], container_path: str) -> Path | None:
+    """The repository file behind ``container_path`` in ``service``, if a bind mount provides it."""
+    path = PurePosixPath(container_path)
+    for target, source in bind_mounts(service).items():
+        if path == PurePosixPath(target) or PurePosixPath(target) in path.parents:
+            return source / path.relative_to(target)
+    return None
+
+
+def test_compose_parses_and_declares_an_ftp_server_and_two_nodes() -> None:
+    svc = services()
+    assert set(svc) >= {"ftp", "node-a", "node-b"}
+    assert set(compose()["volumes"]) >= {"state"}
+    for name, service in svc.items():
+        assert isinstance(service.get("command"), list), name
+        assert service["image"].startswith("python:3.11")
+
+
+def test_every_mounted_repository_path_exists() -> None:
+    for name, service in services().items():
+        for target, source in bind_mounts(service).items():
+            assert source.exists(), f"{name}: {source} (mounted at {target}) is missing"
+        for volume in named_volumes(service).values():
+            assert volume in compose()["volumes"], f"{name}: undeclared volume {volume}"
+
+
+@pytest.mark.parametrize("service", ["ftp", "node-a", "node-b"])
+def test_every_ftpbc_command_is_accepted_by_the_cli(service: str) -> None:
+    argv = services()[service]["command"]
+    assert argv[0] == "ftpbc"
+    ctx = parse_ftpbc(argv)
+    assert ctx.command.name == argv[1]
+
+
+def test_the_command_check_rejects_what_the_cli_rejects() -> None:
+    """The parse used above fails on a mistake (so the test above can fail)."""
+    with pytest.raises(click.UsageError):
+        parse_ftpbc(["ftpbc", "serve", "-c", "/config/cluster.yaml", "--node", "node-a"])
+    with pytest.raises(click.UsageError):
+        parse_ftpbc(["ftpbc", "ftpd", "--root", "/srv", "--port", "99999"])
+    with pytest.raises(click.UsageError):
+        parse_ftpbc(["ftpbc", "serv", "-c", "x.yaml"])
+
+
+def test_nodes_run_the_example_cluster_against_the_ftp_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    svc = services()
+    ftp = svc["ftp"]["command"]
+    password_var = option(ftp, "--password-env")
+    assert password_var in svc["ftp"]["environment"]
+    monkeypatch.setenv(password_var, "compose-test")
+    node_ids, journal_volumes = set(), set()
+    for name in ("node-a", "node-b"):
+        service = svc[name]
+        argv = service["command"]
+        assert argv[1] == "serve"
+        config_file = host_path(service, option(argv, "-c"))
+        assert config_file == (REPO / "examples" / "cluster.yaml").resolve()
+        config = load_config(config_file, node_id=option(argv, "--node-id"))
+        node_ids.add(config.node.id)
+        server = next(iter(config.servers.values()))
+        # nodes share the ftp service's network namespace, so loopback reaches it
+        assert service["network_mode"] == "service:ftp"
+        assert (server.host, server.port) == ("127.0.0.1", int(option(ftp, "--port")))
+        assert server.password_env == password_var and password_var in service["environment"]
+        volumes = named_volumes(service)
+        workdir = PurePosixPath(service["working_dir"])
+        assert volumes[str(workdir / config.node.state_dir)] == "state"
+        journal_volumes.add(volumes[str(workdir / config.node.journal_dir)])
+        # the handlers (examples.handlers) import from the working directory
+        assert host_path(service, str(workdir / "examples" / "handlers.py")) == \
+            (REPO / "examples" / "handlers.py").resolve()
+    assert node_ids == {"node-a", "node-b"}
+    assert len(journal_volumes) == 2
+
+
+def test_the_ftp_service_command_serves_ftp(tmp_path: Path) -> None:
+    """``ftpbc ftpd`` (the ftp service, on a free loopback port) serves a login and a check."""
+    import signal
+
+    from tests.support import free_port, ftpbc_env, popen_ftpbc, run_ftpbc, wait_until
+
+    argv = list(services()["ftp"]["command"])
+    port = free_port()
+    argv[argv.index("--root") + 1] = str(tmp_path / "root")
+    argv[argv.index("--host") + 1] = "127.0.0.1"
+    argv[argv.index("--port") + 1] = str(port)
+    env = ftpbc_env({option(argv, "--password-env"): "ftpd-test-pw"})
+    log = tmp_path / "ftpd.log"
+    proc = popen_ftpbc(*argv[1:], log=log, env=env)
+    try:
+        wait_until(lambda: "serving" in log.read_text() or proc.poll() is not None, timeout=20,
+                   what="ftpbc ftpd to listen")
+        config = tmp_path / "c.yaml"
+        config.write_text(yaml.safe_dump({
+            "node": {"state_dir": str(tmp_path / "s"), "journal_dir": str(tmp_path / "j")},
+            "servers": {"ftp": {"url": f"ftp://ftpbc@127.0.0.1:{port}/",
+                                "password_env": option(argv, "--password-env")}},
+            "endpoints": {"e": {"server": "ftp", "repository": "/exchange/e"}}}))
+        result = run_ftpbc("check", "-c", str(config), env=env)
+        assert result.returncode == 0, result.stdout + result.stderr + log.read_text()
+        assert (tmp_path / "root" / "exchange" / "e" / "inbox").is_dir()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "ftpd-test-pw" not in log.read_text()
