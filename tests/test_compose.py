@@ -4,6 +4,7 @@ its own FTP service with a shared state volume."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -13,6 +14,7 @@ import yaml
 
 from ftpbc.cli import cli
 from ftpbc.config.loader import load_config
+from tests.support import free_port, ftpbc_env, popen_ftpbc, run_ftpbc, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
@@ -134,10 +136,6 @@ def test_nodes_run_the_example_cluster_against_the_ftp_service(monkeypatch: pyte
 
 def test_the_ftp_service_command_serves_ftp(tmp_path: Path) -> None:
     """``ftpbc ftpd`` (the ftp service, on a free loopback port) serves a login and a check."""
-    import signal
-
-    from tests.support import free_port, ftpbc_env, popen_ftpbc, run_ftpbc, wait_until
-
     argv = list(services()["ftp"]["command"])
     port = free_port()
     argv[argv.index("--root") + 1] = str(tmp_path / "root")
