@@ -251,7 +251,9 @@ class Exchange:
         resp_stage, resp_target = fields.get("resp_stage"), fields.get("resp_target")
         staged = False if fresh else resp_stage is not None and t.exists(resp_stage)
         if fresh or t.exists(claim):
-            if resp_stage and not staged:
+            if resp_stage:
+                # Uploaded again even when found staged: a node killed mid-upload leaves a torn
+                # file there, and only the commit below proves an upload was complete.
                 t.put(resp_stage, io.BytesIO(self.journal.load_result(fields)))
                 staged = True
                 crash_point("serve.after-stage")
