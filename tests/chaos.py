@@ -1,0 +1,653 @@
+"""Crash-safety harness: an instrumented handler, node processes, a nemesis and a checker.
+
+Shared by ``tests/test_recovery.py``, ``tests/test_sweeper.py``, ``tests/test_chaos.py`` and
+``bench/soak_chaos.py``.  Nodes run as real ``ftpbc serve`` subprocesses (so a SIGKILL is a real
+crash) with :func:`handler` as their handler; clients are :class:`ftpbc.client.Client` objects.
+
+The handler's invocation log
+    :func:`handler` appends ``start <uuid> <node>`` before its work and ``return <uuid> <node>``
+    after it, to the file named by ``FTPBC_TEST_HANDLER_LOG`` (``O_APPEND``, one ``write`` per
+    line, so a killed node leaves a ``start`` without its ``return``).  Importing this module in a
+    node also wraps :meth:`Exchange.record_served` so that ``recorded <uuid> <node>`` is logged
+    once the handler's result is durable in the journal: from then on the core promises never to
+    run the handler again, so a second ``recorded`` for one UUID is a violation, whereas a second
+    ``return`` whose first one was cut short by a kill before its result was recorded is ordinary
+    at-least-once delivery.
+
+The checker (Jepsen's queue checker, adapted)
+    Every request the client got an acknowledgement for (``submit`` returned its UUID) must be
+    answered exactly once with the right body.  A ``submit`` that raised is *indeterminate*: the
+    client replays its own journal to learn whether it was exposed; if it was, it is collected
+    like any other request, and if it was rolled back it must be absent everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ftpbc.errors import FtpbcError, RequestTimeout, TransportError
+from ftpbc.exchange import KINDS
+from ftpbc.journal import Journal
+from ftpbc.lifecycle import Exchange
+from ftpbc.message import Message
+
+REPO = Path(__file__).resolve().parent.parent
+HANDLER = "tests.chaos:handler"
+LOG_ENV = "FTPBC_TEST_HANDLER_LOG"
+NODE_ENV = "FTPBC_TEST_NODE"
+PASSWORD_ENV = "FTPBC_TEST_PASSWORD"
+ENDPOINT = "echo"
+#: the directories that must be empty once everything is finished
+TRANSIENT = [f"{d}{k}" for d in ("in", "out") for k in KINDS if k not in ("archive", "error", "protect")]
+
+
+# ---------------------------------------------------------------------- the instrumented handler
+
+def _log_line(kind: str, uuid: str | None) -> None:
+    path = os.environ.get(LOG_ENV)
+    if not path:
+        return
+    line = f"{kind} {uuid} {os.environ.get(NODE_ENV, '?')} {time.time():.6f}\n".encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line)  # one write of a short line to an O_APPEND file: never interleaved
+    finally:
+        os.close(fd)
+
+
+def handler(message: Message) -> bytes:
+    """``re:<body>``.  A body ``sleep:<seconds>:...`` makes the handler work that long first."""
+    _log_line("start", message.uuid)
+    body = message.body
+    if body.startswith(b"sleep:"):
+        time.sleep(float(body.split(b":")[1]))  # the handler's own work, not a synchronisation
+    _log_line("return", message.uuid)
+    return b"re:" + body
+
+
+_original_record_served = Exchange.record_served
+
+
+def _record_served_logged(self: Exchange, claimed: Any, result: bytes, **kw: Any) -> dict[str, str]:
+    fields = _original_record_served(self, claimed, result, **kw)
+    _log_line("recorded", claimed.uuid)
+    return fields
+
+
+if os.environ.get(LOG_ENV):
+    # Only inside the instrumented nodes: the pytest process itself is left untouched.
+    Exchange.record_served = _record_served_logged  # type: ignore[method-assign]
+
+
+@dataclass
+class Invocations:
+    starts: Counter[str] = field(default_factory=Counter)
+    returns: Counter[str] = field(default_factory=Counter)
+    recorded: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def cut_short(self) -> int:
+        """Invocations that started and never returned (their node was killed)."""
+        return sum(self.starts.values()) - sum(self.returns.values())
+
+    def returned_twice(self) -> list[str]:
+        return sorted(u for u, n in self.returns.items() if n > 1)
+
+    def recorded_twice(self) -> list[str]:
+        return sorted(u for u, n in self.recorded.items() if n > 1)
+
+
+def read_invocations(logs: list[Path]) -> Invocations:
+    inv = Invocations()
+    for path in logs:
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) < 2:
+                continue  # a line torn by SIGKILL cannot happen (one write), but be safe
+            getattr(inv, {"start": "starts", "return": "returns", "recorded": "recorded"}[parts[0]])[parts[1]] += 1
+    return inv
+
+
+# ---------------------------------------------------------------------- configuration
+
+@dataclass
+class Cluster:
+    """Files of one test cluster: its config, journals, state and logs, all under ``workdir``."""
+
+    workdir: Path
+    url: str
+    password: str | None
+    options: dict[str, Any]
+    repository: str
+    server_root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.workdir / "ftpbc.yaml"
+
+    def to_json(self) -> str:
+        """For handing the cluster to a child process (:meth:`from_json`)."""
+        return json.dumps({"workdir": str(self.workdir), "url": self.url, "password": self.password,
+                           "options": {k: str(v) for k, v in self.options.items()},
+                           "repository": self.repository, "server_root": str(self.server_root)})
+
+    @classmethod
+    def from_json(cls, text: str) -> Cluster:
+        d = json.loads(text)
+        return cls(Path(d["workdir"]), d["url"], d["password"], d["options"], d["repository"],
+                   Path(d["server_root"]))
+
+    @property
+    def journal_dir(self) -> Path:
+        return self.workdir / "journals"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.workdir / "state"
+
+    def handler_log(self, node_id: str) -> Path:
+        return self.workdir / f"handler-{node_id}.log"
+
+    def handler_logs(self) -> list[Path]:
+        return sorted(self.workdir.glob("handler-*.log"))
+
+    def env(self, node_id: str | None = None, crash_at: str | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FTPBC_")}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        if self.password is not None:
+            env[PASSWORD_ENV] = self.password
+        if node_id is not None:
+            env[LOG_ENV] = str(self.handler_log(node_id))
+            env[NODE_ENV] = node_id
+        if crash_at:
+            env["FTPBC_CRASH_AT"] = crash_at
+        return env
+
+    def local(self, *parts: str) -> Path:
+        return self.server_root / self.repository.lstrip("/") / "/".join(parts)
+
+    def files(self, directory: str) -> list[str]:
+        d = self.local(directory)
+        return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """Files left in any stage, box or select directory (must be none at the end)."""
+        return {d: names for d in TRANSIENT if (names := self.files(d))}
+
+    def pending(self) -> dict[str, dict[str, list[str]]]:
+        """Pending journal operations of every node id that has a journal directory."""
+        out: dict[str, dict[str, list[str]]] = {}
+        if not self.journal_dir.is_dir():
+            return out
+        for node_dir in sorted(p for p in self.journal_dir.iterdir() if p.is_dir()):
+            j = Journal(self.journal_dir, node_dir.name)
+            try:
+                ops = {ep: [f"{o.op_id} {'>'.join(o.events)}" for o in pend]
+                       for ep, pend in j.all_pending().items()}
+            finally:
+                j.close()
+            if ops:
+                out[node_dir.name] = ops
+        return out
+
+    def nonempty_journal_files(self) -> list[str]:
+        if not self.journal_dir.is_dir():
+            return []
+        return sorted(str(p.relative_to(self.journal_dir)) for p in self.journal_dir.glob("*/*.journal")
+                      if p.stat().st_size > 0)
+
+
+def make_cluster(workdir: Path, *, url: str, password: str | None, options: dict[str, Any],
+                 repository: str, server_root: Path, lease: float = 3.0, heartbeat: float = 0.5,
+                 workers: int = 4, poll_interval: float = 0.05, durable: bool = True,
+                 uncollected_after: float = 3600.0, timeout: float = 60.0,
+                 drain_timeout: float = 10.0) -> Cluster:
+    """Write ``workdir/ftpbc.yaml`` for one echo endpoint served by :func:`handler`."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    server: dict[str, Any] = {"url": url, **{k: str(v) if isinstance(v, Path) else v
+                                             for k, v in options.items()}}
+    if password is not None:
+        server["password_env"] = PASSWORD_ENV
+    doc = {
+        "node": {"state_dir": str(workdir / "state"), "journal_dir": str(workdir / "journals"),
+                 "heartbeat_interval": heartbeat, "lease": lease, "durable_journal": durable},
+        "servers": {"s": server},
+        "endpoints": {ENDPOINT: {"server": "s", "repository": repository, "handler": HANDLER,
+                                 "poll_interval": poll_interval, "workers": workers,
+                                 "timeout": timeout, "drain_timeout": drain_timeout,
+                                 "uncollected_after": uncollected_after}},
+    }
+    cluster = Cluster(workdir, url, password, options, repository, server_root)
+    cluster.config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return cluster
+
+
+def load_client_config(cluster: Cluster, node_id: str) -> Any:
+    """The cluster's config as a client with ``node_id`` (the password from the env or given)."""
+    from ftpbc.config.loader import load_config
+
+    with _password_env(cluster.password):
+        return load_config(cluster.config, node_id=node_id)
+
+
+@contextlib.contextmanager
+def _password_env(password: str | None) -> Iterator[None]:
+    old = os.environ.get(PASSWORD_ENV)
+    if password is not None:
+        os.environ[PASSWORD_ENV] = password
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(PASSWORD_ENV, None)
+        else:
+            os.environ[PASSWORD_ENV] = old
+
+
+# ---------------------------------------------------------------------- processes
+
+FTPBC = [sys.executable, "-c", "from ftpbc.cli import main; main()"]
+
+
+def run_cli(cluster: Cluster, *args: str, node_id: str | None = None, crash_at: str | None = None,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``ftpbc <args> -c <config>`` (with ``--node-id``) to completion."""
+    cmd = [*FTPBC, *args, "-c", str(cluster.config)]
+    if node_id:
+        cmd += ["--node-id", node_id]
+    return subprocess.run(cmd, cwd=REPO, env=cluster.env(node_id, crash_at), capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+class NodeProcess:
+    """One ``ftpbc serve`` subprocess with a fixed node id, restartable after a kill."""
+
+    def __init__(self, cluster: Cluster, node_id: str) -> None:
+        self.cluster = cluster
+        self.node_id = node_id
+        self.log = cluster.workdir / f"node-{node_id}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self._log_offset = 0
+
+    def start(self, crash_at: str | None = None) -> None:
+        with open(self.log, "ab") as log:
+            self._log_offset = log.tell()
+            self.proc = subprocess.Popen([*FTPBC, "serve", "-c", str(self.cluster.config), "--node-id",
+                                          self.node_id], cwd=REPO, stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=log,
+                                         env=self.cluster.env(self.node_id, crash_at))
+        self.starts += 1
+
+    def ready(self) -> bool:
+        """True once this run of the node serves (its signal handlers are installed by then)."""
+        with open(self.log, "rb") as fh:
+            fh.seek(self._log_offset)
+            return b"INFO ftpbc.node: serving " in fh.read()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.wait(10)
+
+    def wait(self, timeout: float) -> int | None:
+        if self.proc is None:
+            return None
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self, timeout: float = 30) -> int | None:
+        """SIGTERM (drain, then exit); SIGKILL if it does not exit within ``timeout``."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait(timeout=10)
+
+
+# ---------------------------------------------------------------------- clients and ledger
+
+@dataclass
+class Ledger:
+    """What the clients did: acknowledged requests, indeterminate ones and the answers seen."""
+
+    acknowledged: dict[str, bytes] = field(default_factory=dict)
+    indeterminate: dict[str, bytes] = field(default_factory=dict)
+    rolled_back: dict[str, bytes] = field(default_factory=dict)
+    answers: dict[str, list[bytes]] = field(default_factory=lambda: defaultdict(list))
+    timeouts: list[str] = field(default_factory=list)
+    submit_errors: int = 0
+    collect_retries: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+def _recover_own_send(client: Any, stop: threading.Event) -> tuple[str, str]:
+    """After a failed submit: replay this client's journal; (uuid, outcome) of its send."""
+    from ftpbc.journal.recovery import recover_endpoint
+
+    ex = client.runtime.exchange(ENDPOINT)
+    while True:
+        try:
+            actions = recover_endpoint(ex)
+            break
+        except TransportError:
+            if stop.wait(0.2):
+                raise
+    sends = [a for a in actions if a.op_id.endswith(".send")]
+    if not sends:
+        raise AssertionError("submit failed, but its client's journal held no send operation")
+    a = sends[-1]
+    return a.op_id.removesuffix(".send"), a.outcome
+
+
+def client_loop(cluster: Cluster, client_id: str, bodies: Iterator[bytes], ledger: Ledger,
+                stop: threading.Event, collect_timeout: float) -> None:
+    """One client: submit, then collect, one request at a time, until ``bodies`` runs out.
+
+    A failed submit is resolved from the client's own journal (never resubmitted blindly, which
+    could create a duplicate); a collect that times out is retried with the same UUID once the
+    transport may have recovered, for up to ``collect_timeout`` in all.
+    """
+    from ftpbc.client import Client
+
+    with Client(load_client_config(cluster, client_id), connections=2) as client:
+        for body in bodies:
+            while True:
+                if stop.is_set():
+                    return
+                try:
+                    uid = client.submit(ENDPOINT, body)
+                except TransportError:
+                    with ledger.lock:
+                        ledger.submit_errors += 1
+                    uid, outcome = _recover_own_send(client, stop)
+                    if outcome.startswith("rolled back"):
+                        with ledger.lock:
+                            ledger.rolled_back[uid] = body
+                        continue  # never exposed: a new request is no duplicate
+                    with ledger.lock:
+                        ledger.indeterminate[uid] = body
+                else:
+                    with ledger.lock:
+                        ledger.acknowledged[uid] = body
+                break
+            deadline = time.monotonic() + collect_timeout
+            while True:
+                try:
+                    answer = client.collect(ENDPOINT, uid, timeout=max(deadline - time.monotonic(), 0.1))
+                except RequestTimeout:
+                    with ledger.lock:
+                        ledger.timeouts.append(uid)
+                    break
+                except FtpbcError:
+                    with ledger.lock:
+                        ledger.collect_retries += 1
+                    if time.monotonic() < deadline:
+                        continue
+                    break
+                with ledger.lock:
+                    ledger.answers[uid].append(answer)
+                break
+
+
+# ---------------------------------------------------------------------- nemesis
+
+@dataclass
+class NemesisLog:
+    kills: int = 0
+    restarts: int = 0
+    server_restarts: int = 0
+    connection_cuts: int = 0
+    events: list[str] = field(default_factory=list)
+
+
+class Nemesis(threading.Thread):
+    """SIGKILLs a random node every ``min_gap``-``max_gap`` seconds and restarts it at once.
+
+    ``once`` maps a progress fraction (0..1 of requests done, read from ``progress()``) to a
+    fault run once when progress passes it, e.g. ``{0.33: restart_server, 0.66: drop}``.
+    """
+
+    def __init__(self, nodes: list[NodeProcess], progress: Callable[[], float],
+                 once: dict[float, tuple[str, Callable[[], object]]], *, min_gap: float = 0.5,
+                 max_gap: float = 2.0, seed: int | None = None) -> None:
+        super().__init__(name="nemesis", daemon=True)
+        self.nodes = nodes
+        self.progress = progress
+        self.once = dict(once)
+        self.min_gap, self.max_gap = min_gap, max_gap
+        self.rng = random.Random(seed)
+        self.stop_event = threading.Event()
+        self.log = NemesisLog()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            # The schedule is the nemesis's own randomised pacing, not a synchronisation.
+            while not self.stop_event.wait(self.rng.uniform(self.min_gap, self.max_gap)):
+                for mark in sorted(self.once):
+                    if self.progress() >= mark:
+                        what, fault = self.once.pop(mark)
+                        fault()
+                        self.log.events.append(f"{time.time():.3f} {what}")
+                        if what == "restart-server":
+                            self.log.server_restarts += 1
+                        else:
+                            self.log.connection_cuts += 1
+                node = self.rng.choice(self.nodes)
+                node.kill()
+                self.log.kills += 1
+                node.start()
+                self.log.restarts += 1
+                self.log.events.append(f"{time.time():.3f} kill+restart {node.node_id}")
+        except BaseException as exc:  # reported by the test, never swallowed
+            self.error = exc
+
+    def halt(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=30)
+
+
+# ---------------------------------------------------------------------- the checker
+
+@dataclass
+class Verdict:
+    requests: int
+    answered: int
+    lost: list[str]
+    answered_twice: list[str]
+    unexpected: list[str]
+    indeterminate_answered: int
+    indeterminate_absent: int
+    rolled_back_present: list[str]
+    handler_starts: int
+    handler_returns: int
+    handler_cut_short: int
+    handler_repeated: int
+    recorded_twice: list[str]
+    responses_on_server: int
+    leftovers: dict[str, list[str]]
+    pending: dict[str, dict[str, list[str]]]
+    journal_files_nonempty: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.answered_twice or self.unexpected or self.recorded_twice
+                    or self.rolled_back_present or self.leftovers or self.pending
+                    or self.journal_files_nonempty)
+
+    def summary(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        for k in ("lost", "answered_twice", "unexpected", "recorded_twice", "rolled_back_present",
+                  "journal_files_nonempty"):
+            d[k] = len(d[k])
+        d["leftovers"] = {k: len(v) for k, v in self.leftovers.items()}
+        d["pending"] = sum(len(ops) for eps in self.pending.values() for ops in eps.values())
+        return d
+
+
+def _uuid_of(name: str, prefix: str) -> str | None:
+    if not name.startswith(prefix):
+        return None
+    base = name.split("~", 1)[0]
+    return base[len(prefix):].removesuffix(".error")
+
+
+def check(cluster: Cluster, ledger: Ledger) -> Verdict:
+    """Classify every request, from the clients' answers plus the server's archives."""
+    responses: Counter[str] = Counter()
+    for d in ("outarchive", "outbox", "outselect", "outstage"):
+        for name in cluster.files(d):
+            if (u := _uuid_of(name, "resp.")) is not None:
+                responses[u] += 1
+    requests_seen: set[str] = set()
+    for d in ("inarchive", "inerror", "inbox", "inselect", "instage"):
+        for name in cluster.files(d):
+            if (u := _uuid_of(name, "req.")) is not None:
+                requests_seen.add(u)
+    expected = {**ledger.acknowledged, **ledger.indeterminate}
+    answered, lost, twice, unexpected = 0, [], [], []
+    ind_answered = ind_absent = 0
+    for uid, body in expected.items():
+        got = ledger.answers.get(uid, [])
+        if len(got) > 1 or responses[uid] > 1:
+            twice.append(uid)
+        elif got and got[0] != b"re:" + body:
+            unexpected.append(uid)
+        elif got:
+            answered += 1
+            ind_answered += uid in ledger.indeterminate
+        elif uid in ledger.indeterminate and uid not in requests_seen and not responses[uid]:
+            ind_absent += 1  # a submit that failed before its request was exposed
+        else:
+            lost.append(uid)
+    unexpected += sorted(u for u in ledger.answers if u not in expected)
+    unexpected += sorted(u for u in responses if u not in expected and u not in ledger.rolled_back)
+    rolled_back_present = sorted(u for u in ledger.rolled_back if u in requests_seen or responses[u])
+    inv = read_invocations(cluster.handler_logs())
+    return Verdict(
+        requests=len(expected), answered=answered, lost=lost, answered_twice=twice,
+        unexpected=unexpected, indeterminate_answered=ind_answered, indeterminate_absent=ind_absent,
+        rolled_back_present=rolled_back_present,
+        handler_starts=sum(inv.starts.values()), handler_returns=sum(inv.returns.values()),
+        handler_cut_short=inv.cut_short, handler_repeated=sum(n - 1 for n in inv.starts.values() if n > 1),
+        recorded_twice=inv.recorded_twice(), responses_on_server=sum(responses.values()),
+        leftovers=cluster.leftovers(), pending=cluster.pending(),
+        journal_files_nonempty=cluster.nonempty_journal_files())
+
+
+# ---------------------------------------------------------------------- one chaos run
+
+@dataclass
+class ChaosResult:
+    verdict: Verdict
+    nemesis: NemesisLog
+    ledger: Ledger
+    seconds: float
+    final_recovery: dict[str, str]
+
+    def report(self) -> dict[str, Any]:
+        return {"seconds": round(self.seconds, 1), "kills": self.nemesis.kills,
+                "node_restarts": self.nemesis.restarts, "server_restarts": self.nemesis.server_restarts,
+                "connection_cuts": self.nemesis.connection_cuts,
+                "submit_errors": self.ledger.submit_errors, "rolled_back": len(self.ledger.rolled_back),
+                "collect_retries": self.ledger.collect_retries, **self.verdict.summary()}
+
+
+def run_chaos(cluster: Cluster, *, requests: int, nodes: int = 3, clients: int = 8,
+              restart_server: Callable[[], object] | None, drop_connections: Callable[[], object] | None,
+              collect_timeout: float = 90.0, min_gap: float = 0.5, max_gap: float = 2.0,
+              seed: int | None = None, deadline: float | None = None) -> ChaosResult:
+    """Run ``requests`` requests through ``nodes`` serve processes under the nemesis; check them.
+
+    ``deadline`` (seconds) stops submitting new requests when reached (the soak sets it).
+    """
+    started = time.monotonic()
+    procs = [NodeProcess(cluster, f"n{i}") for i in range(nodes)]
+    for p in procs:
+        p.start()
+    ledger = Ledger()
+    stop = threading.Event()
+    counter = iter(range(requests))
+    counter_lock = threading.Lock()
+    done = [0]
+
+    def bodies() -> Iterator[bytes]:
+        while True:
+            with counter_lock:
+                i = next(counter, None)
+                if i is None or (deadline is not None and time.monotonic() - started > deadline):
+                    return
+            yield f"{i}:{random.getrandbits(64):016x}".encode()
+            with counter_lock:
+                done[0] += 1
+
+    once: dict[float, tuple[str, Callable[[], object]]] = {}
+    if restart_server is not None:
+        once[0.3] = ("restart-server", restart_server)
+    if drop_connections is not None:
+        once[0.6] = ("drop-connections", drop_connections)
+    nemesis = Nemesis(procs, lambda: done[0] / max(requests, 1), once, min_gap=min_gap,
+                      max_gap=max_gap, seed=seed)
+    errors: list[BaseException] = []
+
+    def run_client(k: int) -> None:
+        try:
+            client_loop(cluster, f"c{k}", bodies(), ledger, stop, collect_timeout)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run_client, args=(k,), name=f"client-{k}") for k in range(clients)]
+    try:
+        nemesis.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=collect_timeout * 4 + (deadline or 0))
+    finally:
+        stop.set()
+        nemesis.halt()
+        for p in procs:
+            if not p.alive:
+                p.start()  # a node killed last must still recover before it is stopped
+        for p in procs:
+            p.stop()
+    if errors:
+        raise errors[0]
+    if nemesis.error is not None:
+        raise nemesis.error
+    final = {}
+    for node_id in [p.node_id for p in procs] + [f"c{k}" for k in range(clients)]:
+        r = run_cli(cluster, "recover", node_id=node_id)
+        final[node_id] = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr.strip()
+    return ChaosResult(check(cluster, ledger), nemesis.log, ledger, time.monotonic() - started, final)
+
+
+def dump(result: ChaosResult, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**result.report(), "final_recovery": result.final_recovery,
+                                "events": result.nemesis.events}, indent=2) + "\n")
