@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ftpbc.cli import LAZY_COMMANDS, cli
+from ftpbc.cli import LAZY_COMMANDS, cli, main
 from ftpbc.config.loader import load_config
 from ftpbc.node.serve import Node
 from tests.servers.handle import ServerHandle
@@ -54,8 +55,25 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+def main_in_process(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``ftpbc ARGS`` through ``ftpbc.cli.main`` in this process (exit status, stdout, stderr).
+
+    The same code path as the installed script, without a second of interpreter start-up per
+    case; the cases that need a process of their own (serve, signals) use :func:`run_ftpbc`.
+    """
+    with CliRunner().isolation(env=env) as (out, err, _), \
+            pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "argv", ["ftpbc", *args])
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        return subprocess.CompletedProcess(list(args), code, out.getvalue().decode(), err.getvalue().decode())
+
+
 def check(path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return run_ftpbc("check", "-c", str(path), env=env or ftpbc_env())
+    return main_in_process("check", "-c", str(path), env=env)
 
 
 # --------------------------------------------------------------------------- configuration files
@@ -70,7 +88,7 @@ def test_good_config_passes(tmp_path: Path) -> None:
 
 def test_missing_config_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
-    result = check(missing)
+    result = run_ftpbc("check", "-c", str(missing), env=ftpbc_env())  # once through the real script
     assert result.returncode == 2
     assert one_line(result) == f"ftpbc: error: {missing}: configuration file not found"
 
