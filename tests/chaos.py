@@ -121,7 +121,8 @@ def read_invocations(logs: list[Path]) -> Invocations:
             parts = line.split()
             if len(parts) < 2:
                 continue  # a line torn by SIGKILL cannot happen (one write), but be safe
-            getattr(inv, {"start": "starts", "return": "returns", "recorded": "recorded"}[parts[0]])[parts[1]] += 1
+            counter = {"start": inv.starts, "return": inv.returns, "recorded": inv.recorded}[parts[0]]
+            counter[parts[1]] += 1
     return inv
 
 

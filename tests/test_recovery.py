@@ -24,7 +24,6 @@ import pytest
 from ftpbc.client import Client
 from tests.chaos import (
     ENDPOINT,
-    FTPBC,
     REPO,
     Cluster,
     NodeProcess,
@@ -152,7 +151,8 @@ def test_send_killed_after_expose_is_answered(cluster: Cluster, checker: Client)
 # ---------------------------------------------------------------------- provider: claim and serve
 
 @pytest.mark.parametrize("point", ["claim.after-intent", "claim.after-rename"])
-def test_provider_killed_before_handler_returns_request(cluster: Cluster, checker: Client, point: str) -> None:
+def test_provider_killed_before_handler_returns_request(cluster: Cluster, checker: Client,
+                                                        point: str) -> None:
     uid = checker.submit(ENDPOINT, b"work")
     serve_until_crash(cluster, point)
     out = recover(cluster, "n1")
@@ -218,7 +218,8 @@ def test_collector_killed_after_archive_leaves_nothing(cluster: Cluster, checker
 # ---------------------------------------------------------------------- recovery itself
 
 @pytest.mark.parametrize("point", ["recover.before-op", "recover.after-op"])
-def test_crash_during_recovery_is_recovered_by_next_run(cluster: Cluster, checker: Client, point: str) -> None:
+def test_crash_during_recovery_is_recovered_by_next_run(cluster: Cluster, checker: Client,
+                                                        point: str) -> None:
     uid = checker.submit(ENDPOINT, b"twice")
     serve_until_crash(cluster, "serve.after-commit")
     recover(cluster, "n1", crash_at=point)
@@ -234,7 +235,8 @@ def test_every_fault_point_has_a_test() -> None:
     from ftpbc.faults import POINTS
 
     source = Path(__file__).read_text()
-    exchange_points = [p for p in POINTS if p.split(".")[0] in ("send", "claim", "serve", "collect", "recover")]
+    sides = ("send", "claim", "serve", "collect", "recover")
+    exchange_points = [p for p in POINTS if p.split(".")[0] in sides]
     assert len(exchange_points) >= 15
     assert [p for p in exchange_points if f'"{p}"' not in source] == []
 
