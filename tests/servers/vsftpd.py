@@ -2,8 +2,8 @@
 
 ``vsftpd_server`` (session scope) runs vsftpd in the foreground (``listen=YES``,
 ``background=NO``) with a generated configuration, logging in a dedicated local user
-(``ftpbc-ftp``, created with useradd and given a random password with chpasswd; removed at
-teardown if this fixture created it) through a PAM service of its own (pam_unix only, written
+(``ftpbc-ftp-<random>``, created with useradd and given a random password with chpasswd;
+removed at teardown) through a PAM service of its own (pam_unix only, written
 to /etc/pam.d at start and removed at teardown).  The user is
 chrooted into a temporary root outside pytest's root-only temp tree, so remote ``/`` maps to it.
 
@@ -35,8 +35,10 @@ import pytest
 from tests.servers.handle import ServerHandle
 from tests.support import IN_CI, free_port, require_binary, wait_until
 
-USER = "ftpbc-ftp"
-PAM_SERVICE_FILE = Path("/etc/pam.d/ftpbc-test-vsftpd")
+#: user and PAM service names get a per-run suffix: parallel test runs must not reset each
+#: other's password or delete each other's user.
+USER_PREFIX = "ftpbc-ftp-"
+PAM_DIR = Path("/etc/pam.d")
 PAM_SERVICE = ("auth required pam_unix.so nodelay\n"
                "account required pam_unix.so\n"
                "session required pam_permit.so\n")
@@ -108,7 +110,7 @@ def _dead(p: psutil.Process) -> bool:
         return True
 
 
-def _config(root: Path, workdir: Path, port: int) -> str:
+def _config(root: Path, workdir: Path, port: int, pam_service: str) -> str:
     settings = {
         "listen": "YES",
         "listen_ipv6": "NO",
@@ -126,7 +128,7 @@ def _config(root: Path, workdir: Path, port: int) -> str:
         "secure_chroot_dir": str(workdir / "empty"),
         # The seccomp filter breaks vsftpd in some containers; the tests need no sandbox.
         "seccomp_sandbox": "NO",
-        "pam_service_name": PAM_SERVICE_FILE.name,
+        "pam_service_name": pam_service,
         "userlist_enable": "NO",
         "pasv_enable": "YES",
         "pasv_min_port": str(PASV_PORTS[0]),
@@ -157,7 +159,7 @@ def _config(root: Path, workdir: Path, port: int) -> str:
 @pytest.fixture(scope="session")
 def vsftpd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     binary = require_binary("vsftpd", "/usr/sbin/vsftpd")
-    for tool in ("useradd", "usermod", "userdel", "chpasswd"):
+    for tool in ("useradd", "userdel", "chpasswd"):
         require_binary(tool, f"/usr/sbin/{tool}")
     if os.geteuid() != 0:
         message = "the vsftpd fixture must run as root (it creates a login user and chroots)"
@@ -165,49 +167,46 @@ def vsftpd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHa
             pytest.fail(message)
         pytest.skip(message)
 
-    created = False
-    try:
-        pwd.getpwnam(USER)
-    except KeyError:
-        # A login shell listed in /etc/shells: Debian's vsftpd PAM stack requires pam_shells.
-        subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",
-                        "--shell", "/bin/sh", USER], check=True)
-        created = True
-    password = secrets.token_urlsafe(12)
-    # SHA-512 with few rounds: Debian's default (yescrypt) costs ~100 ms per login, and the
-    # tests log in often.  The password is random and lives for one test session.
-    subprocess.run(["chpasswd", "--crypt-method", "SHA512", "--sha-rounds", "1000"],
-                   input=f"{USER}:{password}\n".encode(), check=True)
-    # Our own PAM service: pam_unix without its 2 s delay after a failure (the wrong-password
-    # tests), and without Debian's session stack (pam_systemd), which vsftpd does not need.
-    PAM_SERVICE_FILE.write_text(PAM_SERVICE)
-
+    suffix = secrets.token_hex(3)
+    user = f"{USER_PREFIX}{suffix}"
+    pam_file = PAM_DIR / f"ftpbc-test-vsftpd-{suffix}"
     workdir = tmp_path_factory.mktemp("vsftpd")
     (workdir / "empty").mkdir(mode=0o755)
     # Outside pytest's root-only temp tree: vsftpd changes into it as the unprivileged user.
+    # It is also the user's home, which vsftpd enters before local_root.
     root = Path(tempfile.mkdtemp(prefix="ftpbc-vsftpd-", dir="/tmp"))
-    entry = pwd.getpwnam(USER)
-    os.chown(root, entry.pw_uid, entry.pw_gid)
-    root.chmod(0o755)
-    # vsftpd changes into the user's home before local_root: it must exist.
-    subprocess.run(["usermod", "--home", str(root), USER], check=True)
-
-    port = free_port()
-    config = workdir / "vsftpd.conf"
-    config.write_text(_config(root, workdir, port))
-    server = VsftpdProcess(binary=binary, config=config, port=port, log=workdir / "stderr.log")
-    server.start()
+    server: VsftpdProcess | None = None
     try:
+        # A login shell listed in /etc/shells, as PAM stacks with pam_shells require.
+        subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", str(root),
+                        "--shell", "/bin/sh", user], check=True)
+        password = secrets.token_urlsafe(12)
+        # SHA-512 with few rounds: Debian's default (yescrypt) costs ~100 ms per login, and the
+        # tests log in often.  The password is random and lives for one test session.
+        subprocess.run(["chpasswd", "--crypt-method", "SHA512", "--sha-rounds", "1000"],
+                       input=f"{user}:{password}\n".encode(), check=True)
+        # Our own PAM service: pam_unix without its 2 s delay after a failure (the wrong-password
+        # tests), and without Debian's session stack (pam_systemd), which vsftpd does not need.
+        pam_file.write_text(PAM_SERVICE)
+        entry = pwd.getpwnam(user)
+        os.chown(root, entry.pw_uid, entry.pw_gid)
+        root.chmod(0o755)
+
+        port = free_port()
+        config = workdir / "vsftpd.conf"
+        config.write_text(_config(root, workdir, port, pam_file.name))
+        server = VsftpdProcess(binary=binary, config=config, port=port, log=workdir / "stderr.log")
+        server.start()
         yield ServerHandle(
             kind="vsftpd",
             root=root,
-            url=f"ftp://{USER}@127.0.0.1:{port}/",
+            url=f"ftp://{user}@127.0.0.1:{port}/",
             password=password,
             controls={"drop_connections": server.drop_connections, "restart": server.restart},
         )
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
         shutil.rmtree(root, ignore_errors=True)
-        PAM_SERVICE_FILE.unlink(missing_ok=True)
-        if created:
-            subprocess.run(["userdel", USER], check=False)
+        pam_file.unlink(missing_ok=True)
+        subprocess.run(["userdel", user], check=False, capture_output=True)
