@@ -1,0 +1,208 @@
+"""What both sides of every benchmark share: ftpbc configurations, child processes, counting.
+
+Nothing here is measured itself.  The exchange-area layout of the floor scripts is ftpbc's own
+(``inbox``, ``instage``, ``inselect``, ``inarchive``, ``out...``), so both sides touch the same
+number of directories and the listings they do cost the same.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+for p in (str(REPO), str(REPO / "bench")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+from servers import Target, server_config  # noqa: E402
+
+from ftpbc.exchange import ExchangeArea  # noqa: E402
+
+# fork: a child starts in milliseconds instead of re-importing ftpbc (about a second on a busy
+# 2-core box); every Nodes group is created before the parent starts any thread.
+MP = mp.get_context("fork")
+REPOSITORY = "/ex"
+
+
+def area() -> ExchangeArea:
+    return ExchangeArea(REPOSITORY)
+
+
+def rel(path: str) -> str:
+    """A remote path of the exchange area relative to the target's base."""
+    return path.lstrip("/")
+
+
+def prepare_area(target: Target) -> None:
+    """Create the exchange directories on the server's disk, writable by any server user."""
+    for d in area().all_dirs():
+        local = Path(target["root"]) / rel(d)
+        local.mkdir(parents=True, exist_ok=True)
+        local.chmod(0o777)
+
+
+def fill_inbox(target: Target, count: int, size: int, prefix: str = "msg.") -> list[str]:
+    """Write ``count`` messages straight into the inbox on the server's disk (untimed set-up)."""
+    inbox = Path(target["root"]) / rel(area().dir("in", "box"))
+    body = os.urandom(size)
+    names = []
+    for _ in range(count):
+        name = f"{prefix}{uuid.uuid4()}"
+        (inbox / name).write_bytes(body)
+        names.append(name)
+    # Older than "now": ftpbc takes the oldest first; give them distinct, past mtimes.
+    return names
+
+
+def config(target: Target, workdir: str, node_id: str, endpoints: dict[str, dict[str, Any]], *,
+           durable: bool = True, pool_size: int = 4) -> Any:
+    """An in-process ftpbc Config for ``target``; every endpoint lives under REPOSITORY."""
+    from ftpbc.config.models import Config
+
+    if target["kind"] == "file":
+        from ftpbc.config.servers import ServerConfig
+
+        srv = ServerConfig.from_url(f"file://{target['root']}", name="srv", pool_size=pool_size)
+    else:
+        srv = server_config(target, pool_size=pool_size)
+    return Config.model_validate({
+        "node": {"id": node_id, "state_dir": f"{workdir}/state", "journal_dir": f"{workdir}/journals",
+                 "durable_journal": durable},
+        "servers": {"srv": srv},
+        "endpoints": {name: {"server": "srv", "repository": ep.pop("repository", REPOSITORY), **ep}
+                      for name, ep in ((n, dict(e)) for n, e in endpoints.items())},
+    })
+
+
+def percentile(values: list[float], pct: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# --------------------------------------------------------------------------- child processes
+
+
+class Children:
+    """Child processes (forked); every one is ended by :meth:`close` (also on errors)."""
+
+    def __init__(self) -> None:
+        self.procs: list[Any] = []
+
+    def start(self, target: Callable[..., None], *args: Any) -> Any:
+        proc = MP.Process(target=target, args=args, daemon=True)
+        proc.start()
+        self.procs.append(proc)
+        return proc
+
+    def close(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            p.join(max(deadline - time.monotonic(), 0.1))
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+    def __enter__(self) -> Children:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(timeout=0.5 if exc[0] is not None else 20.0)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.005) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+# --------------------------------------------------------------------------- command counting
+
+
+class CountingProxy:
+    """A loopback TCP proxy for an FTP control connection that counts the commands sent through it.
+
+    Data connections are not proxied: PASV/EPSV replies name the real server's address and port
+    (EPSV names the port only, and the server is on the same loopback address), so the client
+    opens them directly.  Counting lines client -> server counts FTP commands exactly.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = int(self.listener.getsockname()[1])
+        self.commands: list[tuple[float, str]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            for s in (client, server):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._pipe, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, False), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, count: bool) -> None:
+        pending = b""
+        try:
+            while data := src.recv(65536):
+                if count:
+                    pending += data
+                    *lines, pending = pending.split(b"\r\n")
+                    now = time.monotonic()
+                    with self._lock:
+                        self.commands.extend((now, ln.split(b" ", 1)[0].decode("ascii", "replace").upper())
+                                             for ln in lines)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def since(self, start: float) -> list[str]:
+        with self._lock:
+            return [c for t, c in self.commands if t >= start]
+
+    def close(self) -> None:
+        self._closed = True
+        self.listener.close()

@@ -1,0 +1,281 @@
+"""The ftpbc side of every benchmark: the public API (Client, Node) with its defaults, timed.
+
+Each function takes the run's ``spec`` (target, workdir, parameters) and returns a dict of
+figures.  Serving nodes run in processes of their own (forked), as ``ftpbc serve`` would;
+clients run in the calling process.  The floor side (bench/floor/sides.py) mirrors every
+function here with bare ftplib/paramiko and the same concurrency.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from common import Children, config, fill_inbox, peak_rss_mib, percentile, prepare_area, wait_for
+
+EP = "b"
+
+
+def _endpoint(spec: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    p = spec["params"]
+    return {EP: {"poll_interval": p.get("poll_interval", 0.05), "workers": p.get("workers", 5),
+                 "lock": p.get("lock", "file"), **extra}}
+
+
+# --------------------------------------------------------------------------- serving nodes
+
+
+def _node_main(spec: dict[str, Any], node_id: str, endpoints: dict[str, Any], mode: str,
+               counter: Any, go: Any, stop: Any, out: Any) -> None:
+    """One serving node: start on ``go``, count handled messages, report stats on ``stop``."""
+    import logging
+
+    from ftpbc.node.serve import Node
+
+    logging.basicConfig(level=logging.ERROR)
+
+    def handle(message: Any) -> bytes | None:
+        body = message.body if mode == "echo" else None
+        with counter.get_lock():
+            counter.value += 1
+        return body
+
+    cfg = config(spec["target"], spec["workdir"], node_id, endpoints,
+                 durable=spec["params"].get("durable", True))
+    node = Node(cfg, handlers={name: handle for name in endpoints})
+    go.wait()
+    node.start()
+    stop.wait()
+    node.stop(drain_timeout=5)
+    stats = {"lost_races": sum(p.stats.lost_races for p in node.providers.values()),
+             "polls": sum(p.stats.polls for p in node.providers.values()),
+             "rss_mib": peak_rss_mib()}
+    out.put(stats)
+
+
+class Nodes:
+    """``count`` serving nodes in child processes, started together by :meth:`go`."""
+
+    def __init__(self, spec: dict[str, Any], count: int, endpoints: dict[str, Any], mode: str) -> None:
+        from common import MP
+
+        self.counter = MP.Value("q", 0)
+        self._go, self._stop, self._out = MP.Event(), MP.Event(), MP.Queue()
+        self.children = Children()
+        self.count = count
+        for i in range(count):
+            self.children.start(_node_main, spec, f"node-{i}", endpoints, mode, self.counter,
+                                self._go, self._stop, self._out)
+
+    def go(self) -> float:
+        self._go.set()
+        return time.perf_counter()
+
+    def finish(self) -> list[dict[str, Any]]:
+        self._stop.set()
+        stats = [self._out.get(timeout=60) for _ in range(self.count)]
+        self.children.close()
+        return stats
+
+    @property
+    def handled(self) -> int:
+        return int(self.counter.value)
+
+
+def _wait_empty(spec: dict[str, Any], kind: str, timeout: float = 60) -> None:
+    """Wait until the select directory is empty: the last claim has been archived."""
+    from common import area, rel
+
+    d = Path(spec["target"]["root"]) / rel(area().dir("in", kind))
+    wait_for(lambda: not any(d.iterdir()), timeout, f"{d} to empty")
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def send(spec: dict[str, Any]) -> dict[str, Any]:
+    """One thread sending ``count`` one-way messages of ``size`` bytes."""
+    from ftpbc.client import Client
+
+    p = spec["params"]
+    body = os.urandom(p["size"])
+    with Client(config(spec["target"], spec["workdir"], "sender", _endpoint(spec),
+                       durable=p.get("durable", True))) as client:
+        for _ in range(p.get("warmup", 20)):
+            client.send(EP, body)
+        began = time.perf_counter()
+        for _ in range(p["count"]):
+            client.send(EP, body)
+        elapsed = time.perf_counter() - began
+    return {"rate": p["count"] / elapsed}
+
+
+def consume(spec: dict[str, Any]) -> dict[str, Any]:
+    """``nodes`` nodes consuming ``measure`` of ``backlog`` one-way messages already waiting."""
+    p = spec["params"]
+    prepare_area(spec["target"])
+    fill_inbox(spec["target"], p["backlog"], p["size"])
+    nodes = Nodes(spec, p.get("nodes", 1), _endpoint(spec), "noop")
+    try:
+        began = nodes.go()
+        wait_for(lambda: nodes.handled >= p["measure"], 600, "messages to be handled", interval=0.002)
+        elapsed = time.perf_counter() - began
+        if p["measure"] >= p["backlog"]:
+            _wait_empty(spec, "select")
+            elapsed = time.perf_counter() - began
+    finally:
+        stats = nodes.finish()
+    return {"rate": p["measure"] / elapsed, "lost_races": sum(s["lost_races"] for s in stats),
+            "polls": sum(s["polls"] for s in stats), "node_rss_mib": max(s["rss_mib"] for s in stats)}
+
+
+def reqresp(spec: dict[str, Any]) -> dict[str, Any]:
+    """``clients`` threads making requests to ``nodes`` echo nodes for ``seconds``; or latencies."""
+    from ftpbc.client import Client
+
+    p = spec["params"]
+    prepare_area(spec["target"])
+    eps = _endpoint(spec)
+    nodes = Nodes(spec, p["nodes"], eps, "echo")
+    body = os.urandom(p.get("size", 1024))
+    latencies: list[float] = []
+    done = [0]
+    lock = threading.Lock()
+    try:
+        nodes.go()
+        with Client(config(spec["target"], spec["workdir"], "client", eps), connections=p["clients"]) as client:
+            client.request(EP, body, timeout=30)  # connections, directories, a node is up
+            stop_at = [float("inf")]
+            measuring = threading.Event()
+
+            def loop() -> None:
+                while time.perf_counter() < stop_at[0]:
+                    t0 = time.perf_counter()
+                    reply = client.request(EP, body, timeout=60)
+                    assert reply == body
+                    if measuring.is_set():
+                        with lock:
+                            latencies.append(time.perf_counter() - t0)
+                            done[0] += 1
+
+            threads = [threading.Thread(target=loop) for _ in range(p["clients"])]
+            for t in threads:
+                t.start()
+            time.sleep(p.get("warmup", 0.5))
+            measuring.set()
+            began = time.perf_counter()
+            if "requests" in p:
+                wait_for(lambda: done[0] >= p["requests"], 600, "requests", interval=0.01)
+            else:
+                time.sleep(p["seconds"])
+            elapsed = time.perf_counter() - began
+            stop_at[0] = 0
+            for t in threads:
+                t.join()
+    finally:
+        nodes.finish()
+    ms = [x * 1000 for x in latencies]
+    return {"rate": done[0] / elapsed, "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99),
+            "requests": done[0]}
+
+
+def idle(spec: dict[str, Any]) -> dict[str, Any]:
+    """Commands per second one idle node with ``endpoints`` endpoints sends to the server."""
+    from common import CountingProxy
+
+    from ftpbc.node.serve import Node
+
+    p = spec["params"]
+    target = dict(spec["target"])
+    proxy = CountingProxy(target["host"], target["port"]) if target["kind"] != "sshd" else None
+    if proxy is not None:
+        target["port"] = proxy.port
+    eps = {f"e{i}": {"poll_interval": p["poll_interval"], "repository": f"/ex{i}"}
+           for i in range(p["endpoints"])}
+    node = Node(config(target, spec["workdir"], "idle", eps), handlers={n: lambda m: None for n in eps})
+    listings: list[float] = []
+    transport = node.runtime.transport("srv")
+    real_list = transport.list
+
+    def counting_list(path: str, **kw: Any) -> Any:
+        listings.append(time.monotonic())
+        return real_list(path, **kw)
+
+    transport.list = counting_list  # type: ignore[method-assign]
+    node.start()
+    try:
+        time.sleep(p.get("settle", 1.5))
+        began = time.monotonic()
+        time.sleep(p["seconds"])
+        ended = time.monotonic()
+    finally:
+        node.stop(drain_timeout=1)
+        if proxy is not None:
+            proxy.close()
+    window = ended - began
+    out = {"listings_per_s": sum(began <= t < ended for t in listings) / window}
+    if proxy is not None:
+        cmds = [c for t, c in proxy.commands if began <= t < ended]
+        out["commands_per_s"] = len(cmds) / window
+        out["command_kinds"] = sorted(set(cmds))
+    return out
+
+
+def large(spec: dict[str, Any]) -> dict[str, Any]:
+    """Send one ``size``-byte message from a file, then receive it on a node (spooled to disk)."""
+    from ftpbc.client import Client
+
+    p = spec["params"]
+    prepare_area(spec["target"])
+    source = p["source"]
+    with Client(config(spec["target"], spec["workdir"], "sender", _endpoint(spec))) as client:
+        client.send(EP, b"warm")  # connection and directories
+        for f in (Path(spec["target"]["root"]) / "ex" / "inbox").iterdir():
+            f.unlink()
+        began = time.perf_counter()
+        with open(source, "rb") as fh:
+            client.send(EP, fh)
+        send_s = time.perf_counter() - began
+    send_rss = peak_rss_mib()
+    nodes = Nodes(spec, 1, _endpoint(spec), "noop")
+    try:
+        began = nodes.go()
+        wait_for(lambda: nodes.handled >= 1, 600, "the large message", interval=0.01)
+        _wait_empty(spec, "select")
+        recv_s = time.perf_counter() - began
+    finally:
+        stats = nodes.finish()
+    mb = p["size"] / 1e6
+    return {"send_mb_s": mb / send_s, "recv_mb_s": mb / recv_s, "send_rss_mib": send_rss,
+            "recv_rss_mib": stats[0]["rss_mib"]}
+
+
+def local_oneway(spec: dict[str, Any]) -> dict[str, Any]:
+    """file:// one-way: ``count`` sends from one thread, then one node consumes them all."""
+    from ftpbc.client import Client
+
+    p = spec["params"]
+    body = os.urandom(p["size"])
+    eps = _endpoint(spec)
+    with Client(config(spec["target"], spec["workdir"], "sender", eps, durable=p["durable"])) as client:
+        client.send(EP, body)
+        began = time.perf_counter()
+        for _ in range(p["count"]):
+            client.send(EP, body)
+        send_s = time.perf_counter() - began
+    nodes = Nodes(spec, 1, eps, "noop")
+    try:
+        began = nodes.go()
+        wait_for(lambda: nodes.handled >= p["count"] + 1, 600, "messages", interval=0.002)
+        _wait_empty(spec, "select")
+        recv_s = time.perf_counter() - began
+    finally:
+        nodes.finish()
+    return {"send_rate": p["count"] / send_s, "consume_rate": (p["count"] + 1) / recv_s}
+
+
+CASES = {"send": send, "consume": consume, "reqresp": reqresp, "idle": idle, "large": large,
+         "local_oneway": local_oneway}

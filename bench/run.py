@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""ftpbc against the protocol floor and a real peer: the one benchmark command.
+
+    python3 bench/run.py --quick                       # every case, every server (< 10 min)
+    python3 bench/run.py --servers vsftpd --cases send,consume --repeats 5
+
+For each case and server, the ftpbc side and its floor (bare ftplib/paramiko doing the same
+protocol operations with the same concurrency, bench/floor/) run alternately, each in a fresh
+process and a fresh server directory, ``--repeats`` times (order swapped every round).  The table
+gives medians and the ratio ftpbc/floor against the target; bench/results/bench.json holds every
+run.  Servers (pyftpdlib, vsftpd, sshd) are started here and stopped on exit, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH), str(BENCH.parent)]
+
+from servers import KINDS, Target, fresh, remove, running  # noqa: E402
+
+RESULTS = BENCH / "results"
+MIB = 1024 * 1024
+
+
+@dataclass
+class Variant:
+    """One row of the table: a case, its parameters, what is compared and the target."""
+
+    case: str  # the case id on the command line
+    label: str
+    fn: str  # function name in ftpbc_sides / floor.sides
+    ftpbc: dict[str, Any]
+    floor: dict[str, Any]
+    metrics: list[str]  # compared metrics; the first one carries the target
+    target: str  # "ratio>=0.85", "ratio<=1.0", "p50<=floor+interval+5ms", "ratio>=0.9,rss<100"
+    repeats: int
+    servers: tuple[str, ...] = KINDS
+    peer: str = "floor"
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def variants(quick: bool, repeats: int | None) -> list[Variant]:
+    q = quick
+
+    def reps(quick_n: int, full_n: int) -> int:
+        return repeats if repeats is not None else (quick_n if q else full_n)
+
+    one_kib = {"size": 1024}
+    out = [
+        Variant("send", "send 1 KiB, 1 thread (msgs/s)", "send", {**one_kib, "count": 300 if q else 3000},
+                {**one_kib, "count": 300 if q else 3000}, ["rate"], "ratio>=0.85", reps(3, 5)),
+        Variant("consume", "consume 1 KiB, 1 node, 5 workers (msgs/s)", "consume",
+                {**one_kib, "backlog": 500 if q else 3000, "measure": 500 if q else 3000},
+                {**one_kib, "backlog": 500 if q else 3000, "measure": 500 if q else 3000},
+                ["rate"], "ratio>=0.85", reps(3, 5)),
+    ]
+    for n in (1, 2, 4):
+        p = {"nodes": n, "clients": 8, "seconds": 2.0 if q else 8.0, "warmup": 0.5}
+        out.append(Variant("reqresp", f"request/response, {n} node(s), 8 client threads (req/s)",
+                           "reqresp", p, p, ["rate", "p50_ms"], "ratio>=0.75", reps(2, 3)))
+    for interval, count in ((0.05, 40 if q else 300), (1.0, 5 if q else 40)):
+        p = {"nodes": 1, "clients": 1, "requests": count, "poll_interval": interval, "warmup": 0.3}
+        out.append(Variant("latency", f"latency, 1 outstanding, poll_interval {interval:g} s (ms)",
+                           "reqresp", p, p, ["p50_ms", "p99_ms"], f"p50<=floor+{interval * 1000:g}+5ms",
+                           reps(2 if interval < 1 else 1, 3)))
+    p = {"endpoints": 10, "poll_interval": 1.0, "seconds": 4.0 if q else 10.0}
+    out.append(Variant("idle", "idle node, 10 endpoints, poll_interval 1 s (per s)", "idle", p, p,
+                       ["listings_per_s", "commands_per_s"], "ratio<=1.0", reps(1, 2)))
+    measure = 1000 if q else 10_000
+    backlog = {**one_kib, "backlog": 10_000, "measure": measure, "poll_interval": 0.05}
+    out += [
+        Variant("backlog", f"backlog 10,000: first {measure:,} consumed, 1 node (msgs/s)", "consume",
+                {**backlog, "nodes": 1}, {**backlog, "nodes": 1}, ["rate"], "ratio>=0.85", reps(1, 3)),
+        Variant("backlog", "backlog 10,000: 4 nodes, lock file (msgs/s; races lost)", "consume",
+                {**backlog, "nodes": 4, "lock": "file"}, {**backlog, "nodes": 4}, ["rate", "lost_races"],
+                "ratio>=0.85", reps(1, 3)),
+        Variant("backlog", "backlog 10,000: 4 nodes, lock none (msgs/s; races lost)", "consume",
+                {**backlog, "nodes": 4, "lock": "none"}, {**backlog, "nodes": 4}, ["rate", "lost_races"],
+                "ratio>=0.85", reps(1, 3)),
+    ]
+    size = (256 if q else 1024) * MIB
+    out.append(Variant("large", f"large message {size // MIB} MiB (MB/s; peak RSS MiB)", "large",
+                       {"size": size}, {"size": size},
+                       ["send_mb_s", "recv_mb_s", "send_rss_mib", "recv_rss_mib"], "ratio>=0.9,rss<100",
+                       reps(1, 3)))
+    count = 1000 if q else 5000
+    for durable in (True, False):
+        out.append(Variant("kombu", f"file:// one-way 1 KiB vs kombu filesystem, journal fsync "
+                           f"{'on' if durable else 'off'} (msgs/s)", "local_oneway",
+                           {**one_kib, "count": count, "durable": durable}, {**one_kib, "count": count},
+                           ["send_rate", "consume_rate"], "ratio>=0.5", reps(2, 3), servers=("file",),
+                           peer="kombu"))
+    return out
+
+
+def run_side(side: str, v: Variant, target: Target, workdir: Path, params: dict[str, Any]) -> dict[str, Any]:
+    run_target = fresh(target)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{side}-", dir=workdir))
+    spec = {"side": side, "case": v.fn, "target": run_target, "workdir": str(run_dir), "params": params}
+    try:
+        proc = subprocess.run([sys.executable, str(BENCH / "side.py")], input=json.dumps(spec),
+                              capture_output=True, text=True, timeout=900, check=False)
+    finally:
+        remove(run_target)
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        tail = proc.stderr.strip().splitlines()[-12:]
+        raise RuntimeError(f"{side} side of {v.label} on {target['kind']} failed:\n  " + "\n  ".join(tail))
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def med(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs if isinstance(r.get(key), int | float)]
+    return statistics.median(values) if values else None
+
+
+def verdict(v: Variant, ours: dict[str, float | None], base: dict[str, float | None]) -> tuple[str, bool | None]:
+    first = v.metrics[0]
+    a, b = ours.get(first), base.get(first)
+    if a is None or b is None:
+        return "n/a", None
+    if v.target.startswith("p50<="):
+        interval = float(v.target.split("+")[1])
+        limit = b + interval + 5
+        return f"p50 {a:.1f} <= {limit:.1f} ms", a <= limit
+    ratio = a / b if b else float("inf")
+    ok = ratio >= float(v.target.split(",")[0][7:]) if ">=" in v.target else ratio <= float(v.target[7:])
+    if "rss<" in v.target:
+        rss = max(x for x in (ours.get("send_rss_mib"), ours.get("recv_rss_mib")) if x is not None)
+        ok = ok and rss < 100
+        second = v.metrics[1]
+        if ours.get(second) and base.get(second):
+            r2 = ours[second] / base[second]  # type: ignore[operator]
+            ok = ok and r2 >= 0.9
+            return f"send {ratio:.2f}, recv {r2:.2f}, RSS {rss:.0f} MiB", ok
+    return f"{ratio:.2f}", ok
+
+
+def fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+
+def run_others(quick: bool) -> list[dict[str, Any]]:
+    """The pattern, journal and aggregation benchmarks of other issues, in their quick variants."""
+    commands = {
+        "bench_patterns.py": ["--seconds", "1" if quick else "3"],
+        "bench_journal.py": ["--quick"] if quick else [],
+        "bench_aggregate.py": ["--quick"] if quick else [],
+    }
+    rows = []
+    for script, args in commands.items():
+        path = BENCH / script
+        if not path.exists():
+            rows.append({"script": script, "status": "not written yet"})
+            continue
+        began = time.monotonic()
+        proc = subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True,
+                              timeout=600, check=False)
+        rows.append({"script": script, "args": args, "status": "ok" if proc.returncode == 0 else
+                     f"exit {proc.returncode}", "seconds": round(time.monotonic() - began, 1),
+                     "output": (proc.stdout.strip().splitlines() or [""])[-15:],
+                     "stderr": proc.stderr.strip().splitlines()[-5:] if proc.returncode else []})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short runs (under 10 minutes)")
+    parser.add_argument("--servers", default=",".join(KINDS), help="pyftpdlib,vsftpd,sshd")
+    parser.add_argument("--cases", default="send,consume,reqresp,latency,idle,backlog,large,kombu,others")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per side (default per case)")
+    parser.add_argument("--output", type=Path, default=RESULTS / "bench.json")
+    args = parser.parse_args()
+    kinds = [k for k in args.servers.split(",") if k]
+    cases = set(args.cases.split(","))
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        parser.error(f"unknown server(s) {unknown}; choose from {KINDS}")
+    chosen = [v for v in variants(args.quick, args.repeats) if v.case in cases]
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="ftpbc-bench-"))
+    rows: list[dict[str, Any]] = []
+    others: list[dict[str, Any]] = []
+    try:
+        with running(kinds, workdir) as targets:
+            local_root = workdir / "file-root"
+            local_root.mkdir()
+            targets["file"] = {"kind": "file", "root": str(local_root), "base": str(local_root)}
+            for kind in [*kinds, "file"]:
+                for v in chosen:
+                    if kind not in v.servers:
+                        continue
+                    if v.fn == "large":
+                        source = workdir / "large.bin"
+                        if not source.exists() or source.stat().st_size != v.ftpbc["size"]:
+                            _write_random(source, v.ftpbc["size"])
+                        v.ftpbc["source"] = v.floor["source"] = str(source)
+                    rows.append(_measure(v, kind, targets[kind], workdir))
+            if "others" in cases:
+                others = run_others(args.quick)
+    except KeyboardInterrupt:
+        print("interrupted; servers stopped", file=sys.stderr)
+        raise SystemExit(130) from None
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    elapsed = time.monotonic() - started
+    _print_table(rows, others, elapsed)
+    report = {"machine": machine(), "quick": args.quick, "seconds": round(elapsed, 1),
+              "rows": rows, "others": others}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+def _write_random(path: Path, size: int) -> None:
+    block = os.urandom(MIB)
+    with open(path, "wb") as fh:
+        for _ in range(size // MIB):
+            fh.write(block)
+
+
+def _measure(v: Variant, kind: str, target: Target, workdir: Path) -> dict[str, Any]:
+    ours: list[dict[str, Any]] = []
+    base: list[dict[str, Any]] = []
+    for rep in range(v.repeats):
+        order = [("ftpbc", v.ftpbc, ours), (v.peer, v.floor, base)]
+        for side, params, sink in order if rep % 2 == 0 else order[::-1]:
+            sink.append(run_side(side, v, target, workdir, params))
+    keys = sorted({k for r in ours + base for k, x in r.items() if isinstance(x, int | float)})
+    m_ours = {k: med(ours, k) for k in keys}
+    m_base = {k: med(base, k) for k in keys}
+    text, ok = verdict(v, m_ours, m_base)
+    row = {"case": v.case, "label": v.label, "server": kind, "peer": v.peer, "metrics": v.metrics,
+           "target": v.target, "ftpbc": m_ours, "floor": m_base, "result": text, "met": ok,
+           "runs": {"ftpbc": ours, v.peer: base}}
+    print(f"  {kind:<9} {v.label:<66} {' / '.join(fmt(m_ours.get(k)) for k in v.metrics):>24} vs "
+          f"{' / '.join(fmt(m_base.get(k)) for k in v.metrics):<24} {text} {'ok' if ok else 'MISSED'}",
+          flush=True)
+    return row
+
+
+def _print_table(rows: list[dict[str, Any]], others: list[dict[str, Any]], elapsed: float) -> None:
+    print()
+    print("| server | case | ftpbc | floor/peer | result vs target | met |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        a = " / ".join(fmt(r["ftpbc"].get(k)) for k in r["metrics"])
+        b = " / ".join(fmt(r["floor"].get(k)) for k in r["metrics"])
+        met = "yes" if r["met"] else "n/a" if r["met"] is None else "**no**"
+        print(f"| {r['server']} | {r['label']} | {a} | {b} ({r['peer']}) | {r['result']} ({r['target']}) "
+              f"| {met} |")
+    for o in others:
+        print(f"| - | {o['script']} | {o['status']} | | {' '.join(o.get('args', []))} | |")
+    print(f"\n{len(rows)} rows in {elapsed:.0f} s")
+
+
+def machine() -> dict[str, Any]:
+    import psutil
+
+    return {"cpus": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            "python": platform.python_version(), "system": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+#!/usr/bin/env python3
+"""Run one side of one benchmark in a process of its own; the runner (bench/run.py) calls this.
+
+Reads ``{"side": "ftpbc"|"floor"|"kombu", "case": ..., "target": {...}, "workdir": ...,
+"params": {...}}`` as JSON on stdin and prints the figures as one JSON line on stdout.  A process
+per run keeps runs independent: no connection, thread, page of memory or GIL contention is
+carried from one side to the other, and ``ru_maxrss`` is this run's own peak.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+
+
+def main() -> None:
+    spec = json.load(sys.stdin)
+    if spec["side"] == "ftpbc":
+        import ftpbc_sides as module
+    elif spec["side"] == "kombu":
+        from floor import kombu_fs as module  # type: ignore[no-redef]
+    else:
+        from floor import sides as module  # type: ignore[no-redef]
+    result = module.CASES[spec["case"]](spec)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
