@@ -35,6 +35,8 @@ log = logging.getLogger("ftpbc.provider")
 Handler = Callable[[Message], object]
 SPOOL_IN_MEMORY = 4 * 1024 * 1024
 LOCK_RETRY = 0.005
+#: first wait after a poll that found work; doubles up to poll_interval
+FIRST_IDLE_WAIT = 0.002
 
 
 @dataclass
@@ -94,6 +96,12 @@ class Poller:
 
     def _run(self) -> None:
         backoff = self.config.poll_interval
+        # After a poll that found work, empty polls back off from FIRST_IDLE_WAIT up to
+        # poll_interval instead of waiting a whole interval at once: a caller that sends its
+        # next request as soon as it has the previous answer would otherwise wait a full
+        # poll_interval every time (measured: p50 1,063 ms at poll_interval 1 s, against 12 ms
+        # for a bare poller).  An endpoint idle for long still lists once per poll_interval.
+        idle_wait = self.config.poll_interval
         while not self._stop.is_set():
             try:
                 found = self.poll_once()
@@ -105,8 +113,13 @@ class Poller:
                 self._stop.wait(backoff)
                 continue
             if found > 0:
+                idle_wait = min(FIRST_IDLE_WAIT, self.config.poll_interval)
                 continue
-            self._stop.wait(LOCK_RETRY if found < 0 else self.config.poll_interval)
+            if found < 0:
+                self._stop.wait(LOCK_RETRY)
+                continue
+            self._stop.wait(idle_wait)
+            idle_wait = min(idle_wait * 2, self.config.poll_interval)
 
     def _free_slots(self) -> int:
         with self._in_flight_cv:
