@@ -146,7 +146,8 @@ def reqresp(spec: dict[str, Any]) -> dict[str, Any]:
     lock = threading.Lock()
     try:
         nodes.go()
-        with Client(config(spec["target"], spec["workdir"], "client", eps), connections=p["clients"]) as client:
+        cfg = config(spec["target"], spec["workdir"], "client", eps)
+        with Client(cfg, connections=p["clients"]) as client:
             client.request(EP, body, timeout=30)  # connections, directories, a node is up
             stop_at = [float("inf")]
             measuring = threading.Event()

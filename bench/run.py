@@ -129,7 +129,8 @@ def med(runs: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def verdict(v: Variant, ours: dict[str, float | None], base: dict[str, float | None]) -> tuple[str, bool | None]:
+def verdict(v: Variant, ours: dict[str, float | None],
+            base: dict[str, float | None]) -> tuple[str, bool | None]:
     first = v.metrics[0]
     a, b = ours.get(first), base.get(first)
     if a is None or b is None:
@@ -140,7 +141,10 @@ def verdict(v: Variant, ours: dict[str, float | None], base: dict[str, float | N
         return f"p50 {a:.1f} <= {limit:.1f} ms", a <= limit
     ratio = a / b if b else float("inf")
     # "<=" targets are counts over a time window: 5 % covers a poll landing on either edge.
-    ok = ratio >= float(v.target.split(",")[0][7:]) if ">=" in v.target else ratio <= float(v.target[7:]) * 1.05
+    if ">=" in v.target:
+        ok = ratio >= float(v.target.split(",")[0][7:])
+    else:
+        ok = ratio <= float(v.target[7:]) * 1.05
     if "rss<" in v.target:
         rss = max(x for x in (ours.get("send_rss_mib"), ours.get("recv_rss_mib")) if x is not None)
         ok = ok and rss < 100
@@ -213,7 +217,14 @@ def main() -> None:
                         if not source.exists() or source.stat().st_size != v.ftpbc["size"]:
                             _write_random(source, v.ftpbc["size"])
                         v.ftpbc["source"] = v.floor["source"] = str(source)
-                    rows.append(_measure(v, kind, targets[kind], workdir))
+                    try:
+                        rows.append(_measure(v, kind, targets[kind], workdir))
+                    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                        # One broken case must not cost the whole run: report it and go on.
+                        print(f"  {kind:<9} {v.label}: FAILED: {exc}", file=sys.stderr, flush=True)
+                        rows.append({"case": v.case, "label": v.label, "server": kind, "peer": v.peer,
+                                     "metrics": v.metrics, "target": v.target, "ftpbc": {}, "floor": {},
+                                     "result": f"failed: {str(exc).splitlines()[0]}", "met": None})
             if "others" in cases:
                 others = run_others(args.quick)
     except KeyboardInterrupt:
