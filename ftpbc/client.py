@@ -43,6 +43,7 @@ class _ResponsePoller:
         self._waiters: dict[str, Future[tuple[bytes, bool]]] = {}
         self._cv = threading.Condition()
         self._closed = False
+        self._stranded = True  # a process that crashed with this node id may have left claims
         self._thread = threading.Thread(target=self._run, name=f"responses-{endpoint}", daemon=True)
         self._thread.start()
 
@@ -71,6 +72,7 @@ class _ResponsePoller:
                 found = self._poll(wanted)
             except FtpbcError as exc:
                 log.warning("%s: response poll failed: %s", self.endpoint, exc)
+                self._stranded = True  # a claim may be left in outselect: finish it next poll
                 found = 0
                 delay = self.poll_interval
             if found:
@@ -83,6 +85,9 @@ class _ResponsePoller:
 
     def _poll(self, wanted: set[str]) -> int:
         ex = self.exchange
+        if self._stranded:
+            self._reclaim(wanted)
+            self._stranded = False
         picks = []
         for e in ex.transport.list(ex.area.dir("out", "box")):
             if not e.name.startswith(self.prefix):
@@ -94,6 +99,21 @@ class _ResponsePoller:
         for c in claimed:
             self._deliver(c)
         return len(claimed)
+
+    def _reclaim(self, wanted: set[str]) -> None:
+        """Finish the claims a failed poll left in outselect (its claim, read, archive or unclaim
+        failed): no other node returns them, since this node is alive, and no listing of outbox
+        finds them again.  Delivered when still awaited, else returned to outbox."""
+        ex = self.exchange
+        for op in ex.journal.pending():
+            if op.kind != "claim" or not op.op_id.endswith(".collect"):
+                continue
+            uid = op.op_id.removesuffix(".collect")
+            claimed = Claimed("out", op.fields["src"].rsplit("/", 1)[-1], op.fields["dst"], op.op_id, uid, 0)
+            if uid in wanted:
+                self._deliver(claimed)
+            else:
+                ex.unclaim(claimed)
 
     def _deliver(self, claimed: Claimed) -> None:
         import io
