@@ -130,7 +130,9 @@ class ServeCluster:
     def __enter__(self) -> ServeCluster:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None:
+            print(self.logs())  # pytest shows a failed test's captured output
         for node in self.nodes:
             if node.proc.poll() is None:
                 node.proc.kill()
