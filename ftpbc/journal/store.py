@@ -15,8 +15,9 @@ inside a value).  An operation is *pending* from its first record until its ``en
 
 What is guaranteed
     :meth:`EndpointJournal.record` with ``durable=True`` returns only after the line is on disk
-    (``fsync``).  Intents that recovery cannot reconstruct from the server (a handler's result,
-    the names a send is about to write) are written durably *before* the remote write.
+    (``fsync``; concurrent writers share one fsync: group commit).  Intents that recovery
+    cannot reconstruct from the server (a handler's result, the names a send is about to write)
+    are written durably *before* the remote write.
 
 What is not
     Outcome records (``durable=False``) may be lost in a crash.  That is by design: recovery
@@ -89,6 +90,13 @@ class EndpointJournal:
         self.durable = durable
         self.results_dir = path.parent / "results"
         self._lock = threading.Lock()
+        # Group commit: records are appended under _lock, fsyncs happen under _sync_lock, outside
+        # _lock, so writers queue behind a running fsync only if they need one, and one fsync
+        # covers every record written before it started.  Compaction (which swaps the file) takes
+        # both, _sync_lock first, so no fsync ever runs on a file being replaced.
+        self._sync_lock = threading.Lock()
+        self._written = 0
+        self._synced = 0
         self._pending: dict[str, Operation] = {}
         self._ended_since_compaction = 0
         self._load()
@@ -149,13 +157,35 @@ class EndpointJournal:
             try:
                 self._fh.write(text)
                 self._fh.flush()
-                if durable and self.durable:
-                    os.fsync(self._fh.fileno())
             except OSError as exc:
                 raise JournalError(f"{self.path}: cannot write journal: {exc.strerror}") from None
+            self._written += 1
+            seq = self._written
             for op_id, event, fields in records:
                 self._apply(op_id, event, dict(fields))
-            self._maybe_compact()
+        if durable and self.durable:
+            self._sync_through(seq)
+        # Compaction is housekeeping: skip it while an fsync runs rather than wait for it.
+        if self._sync_lock.acquire(blocking=False):
+            try:
+                with self._lock:
+                    self._maybe_compact()
+            finally:
+                self._sync_lock.release()
+
+    def _sync_through(self, seq: int) -> None:
+        """Return once record batch ``seq`` (and every one before it) is on disk."""
+        with self._sync_lock:
+            if self._synced >= seq:
+                return  # an fsync that started after our write already covered it
+            with self._lock:
+                target = self._written
+                fd = self._fh.fileno()
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise JournalError(f"{self.path}: cannot sync journal: {exc.strerror}") from None
+            self._synced = target
 
     def end(self, op_id: str) -> None:
         """The operation is complete; its records may be dropped."""
@@ -166,8 +196,9 @@ class EndpointJournal:
         if not self._pending:
             # Truncation needs no fsync: a resurrected stale record after a crash only makes
             # recovery re-check a finished operation, which is idempotent.
-            self._fh.truncate(0)
-            self._fh.seek(0)
+            if self._fh.tell() > 0:
+                self._fh.truncate(0)
+                self._fh.seek(0)
             self._ended_since_compaction = 0
             return
         if self._ended_since_compaction < COMPACT_EVERY:
