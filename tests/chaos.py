@@ -52,6 +52,8 @@ LOG_ENV = "FTPBC_TEST_HANDLER_LOG"
 NODE_ENV = "FTPBC_TEST_NODE"
 PASSWORD_ENV = "FTPBC_TEST_PASSWORD"
 ENDPOINT = "echo"
+#: how long a client waits for the answer to a request whose submit failed ambiguously
+INDETERMINATE_WAIT = 15.0
 #: the directories that must be empty once everything is finished
 TRANSIENT = [f"{d}{k}" for d in ("in", "out") for k in KINDS if k not in ("archive", "error", "protect")]
 
@@ -248,8 +250,16 @@ def load_client_config(cluster: Cluster, node_id: str) -> Any:
         return load_config(cluster.config, node_id=node_id)
 
 
+_env_lock = threading.Lock()
+
+
 @contextlib.contextmanager
 def _password_env(password: str | None) -> Iterator[None]:
+    with _env_lock:  # clients load their configs from several threads at once
+        yield from _with_env(password)
+
+
+def _with_env(password: str | None) -> Iterator[None]:
     old = os.environ.get(PASSWORD_ENV)
     if password is not None:
         os.environ[PASSWORD_ENV] = password
@@ -392,11 +402,15 @@ def client_loop(cluster: Cluster, client_id: str, bodies: Iterator[bytes], ledge
                         continue  # never exposed: a new request is no duplicate
                     with ledger.lock:
                         ledger.indeterminate[uid] = body
+                    # "already exposed and taken" is also what a send whose upload never
+                    # started looks like: wait less; the checker tells the two apart on the server.
+                    indeterminate_wait = min(collect_timeout, INDETERMINATE_WAIT)
                 else:
+                    indeterminate_wait = collect_timeout
                     with ledger.lock:
                         ledger.acknowledged[uid] = body
                 break
-            deadline = time.monotonic() + collect_timeout
+            deadline = time.monotonic() + indeterminate_wait
             while True:
                 try:
                     answer = client.collect(ENDPOINT, uid, timeout=max(deadline - time.monotonic(), 0.1))
