@@ -1,0 +1,123 @@
+"""Nodes that never come back, nodes that were only slow, and responses nobody collects.
+
+Real ``ftpbc serve`` processes against pyftpdlib, with a short lease (1.5 s, heartbeat 0.5 s):
+
+* a node killed while holding a claim, and never restarted, has that claim returned to the
+  inbox by a live node once its heartbeat is older than the lease, and the request is answered;
+* a node that was only slow (SIGSTOPped inside its handler past the lease, so its heartbeat went
+  stale) loses its claim to a live node, and when it wakes up it withholds its reply: exactly one
+  response exists;
+* a response nobody collects within ``uncollected_after`` is archived as ``~uncollected``.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ftpbc.client import Client
+from tests.chaos import (
+    ENDPOINT,
+    Cluster,
+    NodeProcess,
+    load_client_config,
+    make_cluster,
+    read_invocations,
+    run_cli,
+)
+from tests.servers.handle import ServerHandle
+from tests.support import wait_until
+
+LEASE = 1.5
+HEARTBEAT = 0.5
+
+
+def _cluster(handle: ServerHandle, tmp_path: Path, **kw: float) -> Cluster:
+    return make_cluster(tmp_path / "w", url=handle.url, password=handle.password, options=handle.options,
+                        repository=handle.fresh_dir(), server_root=handle.root, lease=LEASE,
+                        heartbeat=HEARTBEAT, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def cluster(pyftpdlib_server: ServerHandle, tmp_path: Path) -> Cluster:
+    return _cluster(pyftpdlib_server, tmp_path)
+
+
+@pytest.fixture
+def checker(cluster: Cluster) -> Iterator[Client]:
+    with Client(load_client_config(cluster, "checker"), connections=2) as client:
+        yield client
+
+
+def _log(node: NodeProcess) -> str:
+    return node.log.read_text(errors="replace")
+
+
+def test_dead_nodes_claim_is_returned_after_the_lease(cluster: Cluster, checker: Client) -> None:
+    uid = checker.submit(ENDPOINT, b"orphan")
+    dead = NodeProcess(cluster, "dead")
+    dead.start(crash_at="claim.after-rename")
+    assert dead.wait(30) == -9
+    assert cluster.files("inselect") == [f"req.{uid}~dead"]
+    live = NodeProcess(cluster, "live")
+    live.start()
+    try:
+        assert checker.collect(ENDPOINT, uid, timeout=30) == b"re:orphan"
+        assert "returned req." in _log(live) and "claimed by dead node dead" in _log(live)
+    finally:
+        assert live.stop() == 0
+    [archived] = cluster.files("inarchive")
+    assert archived.startswith(f"req.{uid}~live~")
+    # The dead node's own journal still names the claim; its recovery finds it already returned.
+    out = run_cli(cluster, "recover", node_id="dead").stdout
+    assert "claim never made or already returned" in out
+    assert cluster.leftovers() == {} and cluster.pending() == {}
+
+
+def test_slow_node_past_the_lease_does_not_answer_twice(cluster: Cluster, checker: Client) -> None:
+    uid = checker.submit(ENDPOINT, b"sleep:1:slow")
+    slow = NodeProcess(cluster, "slow")
+    slow.start()
+    live = NodeProcess(cluster, "live")
+    try:
+        wait_until(lambda: read_invocations(cluster.handler_logs()).starts[uid] == 1, timeout=30,
+                   what="the slow node's handler to start")
+        assert slow.proc is not None
+        slow.proc.send_signal(signal.SIGSTOP)  # alive but silent: its heartbeat goes stale
+        live.start()
+        assert checker.collect(ENDPOINT, uid, timeout=30) == b"re:sleep:1:slow"
+        slow.proc.send_signal(signal.SIGCONT)
+        wait_until(lambda: "claim lost to another node before commit" in _log(slow), timeout=30,
+                   what="the slow node to find its claim gone")
+    finally:
+        if slow.proc is not None:
+            slow.proc.send_signal(signal.SIGCONT)
+        assert live.stop() == 0
+        assert slow.stop() == 0
+    inv = read_invocations(cluster.handler_logs())
+    assert inv.returns[uid] == 2, "both handlers ran: the slow one's result must have been withheld"
+    responses = [n for d in ("outbox", "outstage", "outselect", "outarchive") for n in cluster.files(d)]
+    assert len(responses) == 1 and responses[0].startswith(f"resp.{uid}~checker~")
+    [archived] = cluster.files("inarchive")
+    assert archived.startswith(f"req.{uid}~live~")
+    assert cluster.leftovers() == {} and cluster.pending() == {}
+
+
+def test_uncollected_response_is_archived(pyftpdlib_server: ServerHandle, tmp_path: Path) -> None:
+    cluster = _cluster(pyftpdlib_server, tmp_path, uncollected_after=1.0)
+    with Client(load_client_config(cluster, "forgetful")) as client:
+        uid = client.submit(ENDPOINT, b"nobody waits")
+    node = NodeProcess(cluster, "n1")
+    node.start()
+    try:
+        wait_until(lambda: cluster.files("outarchive"), timeout=30, what="the response to be archived")
+        assert "uncollected for" in _log(node)
+    finally:
+        assert node.stop() == 0
+    [archived] = cluster.files("outarchive")
+    assert archived.startswith(f"resp.{uid}~uncollected~")
+    assert cluster.files("outbox") == []
+    assert cluster.leftovers() == {} and cluster.pending() == {}
