@@ -114,6 +114,15 @@ class EndpointJournal:
             return
         except OSError as exc:
             raise JournalError(f"{self.path}: cannot read journal: {exc.strerror}") from None
+        if text and not text.endswith("\n"):
+            # A torn last record (killed mid-write, so before its remote step): cut it off, or
+            # it would be read as a record and the next append glued onto it.
+            text = text[: text.rfind("\n") + 1]
+            try:
+                with open(self.path, "r+b") as fh:
+                    fh.truncate(len(text.encode("utf-8")))
+            except OSError as exc:
+                raise JournalError(f"{self.path}: cannot cut torn record: {exc.strerror}") from None
         lines = text.split("\n")
         for number, line in enumerate(lines, 1):
             if not line.strip():
