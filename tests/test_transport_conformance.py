@@ -9,6 +9,7 @@ independently of the transport under test.
 from __future__ import annotations
 
 import io
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -63,8 +64,13 @@ def test_empty_directory_lists_nothing(server: ServerHandle, t: Transport) -> No
 def test_listing_10000_entries_is_complete_and_exact(server: ServerHandle, t: Transport) -> None:
     d = server.fresh_dir()
     local = server.local(d)
+    # Hard links to 13 files of 0..12 bytes: creating 10,000 directory entries this way is
+    # ~100x faster than writing 10,000 files on a busy disk, and the listing cannot tell.
+    sources = server.local(server.fresh_dir())
+    for size in range(13):
+        (sources / str(size)).write_bytes(b"x" * size)
     for i in range(10_000):
-        (local / f"m{i:05d}.msg").write_bytes(b"x" * (i % 13))
+        os.link(sources / str(i % 13), local / f"m{i:05d}.msg")
     (local / "sub").mkdir()
 
     entries = {e.name: e for e in t.list(d)}

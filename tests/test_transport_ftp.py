@@ -245,7 +245,7 @@ class Pattern(io.RawIOBase):
     # size bytes of a repeating pattern, generated as read: nothing is held in memory
     def __init__(self, size):
         self.left = size
-        self.block = bytes(range(256)) * 4096
+        self.block = memoryview(bytes(range(256)) * 4096)
     def readable(self):
         return True
     def readinto(self, b):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import builtins
 import ftplib
+import io
 import posixpath
 import re
 import select
@@ -152,7 +153,7 @@ class FTPTransport(Transport):
                 stream.seek(start)
             total = 0
             with self._data(s, f"STOR {remote}", path, progress) as conn:
-                while chunk := stream.read(CHUNK):
+                for chunk in _chunks(stream):
                     conn.sendall(chunk)
                     total += len(chunk)
                 _unwrap(conn)
@@ -292,14 +293,21 @@ class FTPTransport(Transport):
             entry = self._stat(s, remote, path)
         except NotFound:
             parent = posixpath.dirname(remote)
-            if parent == remote or self._exists(s, parent, path):
+            if parent == remote:
                 raise translate_ftp_reply(refused, server=self.server, path=path) from None
-            self._mkdirs(s, parent, path, progress)
+            # The parent may exist now only because a racing client (another node preparing the
+            # same exchange area) created it after our MKD failed: so try again either way.
+            if not self._exists(s, parent, path):
+                self._mkdirs(s, parent, path, progress)
             try:
                 self._command(s, f"MKD {remote}", path, progress)
-            except ftplib.error_perm:
-                if not self._stat(s, remote, path).is_dir:  # created by a racing client is fine
-                    raise
+            except ftplib.error_perm as again:
+                try:
+                    made = self._stat(s, remote, path).is_dir  # by a racing client: fine
+                except NotFound:
+                    made = False
+                if not made:
+                    raise translate_ftp_reply(again, server=self.server, path=path) from None
             return
         if not entry.is_dir:
             raise AlreadyExists("exists and is not a directory", server=self.server, path=path)
@@ -506,6 +514,20 @@ def _features(ftp: ftplib.FTP) -> set[str]:
     if "MLST" in feats:
         feats.add("MLSD")  # RFC 3659: MLST in FEAT means both MLST and MLSD
     return feats
+
+
+def _chunks(stream: BinaryIO) -> Iterator[memoryview | bytes]:
+    """``stream``'s content in chunks of up to CHUNK bytes, into one reused buffer if it can."""
+    if isinstance(stream, io.BufferedIOBase):
+        # readinto a single buffer: no allocation per chunk, so memory stays flat however
+        # large the file (a fresh 256 KiB bytes per chunk let the C heap fragment and grow).
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        while n := stream.readinto(buf):
+            yield view[:n]
+    else:
+        while chunk := stream.read(CHUNK):
+            yield chunk
 
 
 def _tell(stream: BinaryIO) -> int | None:
