@@ -134,6 +134,23 @@ def test_reconnects_after_a_server_restart(pyftpdlib_server: ServerHandle) -> No
         assert out.getvalue() == b"before"
 
 
+def test_rides_out_a_short_server_outage_with_backoff(tmp_path: Path, password: str) -> None:
+    """After a drop the pool retries the connect (tenacity backoff) until the timeout."""
+    srv = EmbeddedFTPServer(tmp_path, password=password, auth_failed_delay=0).start()
+    try:
+        with open_transport(ServerConfig.from_url(srv.url, password=password, timeout=10)) as t:
+            t.put("/f", io.BytesIO(b"x"))
+            srv.stop()
+            outage = threading.Timer(0.5, srv.start)  # the server comes back half a second later
+            outage.start()
+            started = time.monotonic()
+            assert [e.name for e in t.list("/")] == ["f"]
+            assert 0.4 < time.monotonic() - started < 5
+            outage.join()
+    finally:
+        srv.stop()
+
+
 # --------------------------------------------------------------------------- lost replies
 
 
