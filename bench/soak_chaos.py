@@ -47,7 +47,7 @@ def main() -> None:
                                    repository="/soak", server_root=root)
             # Server faults happen at a fraction of the requests; with a duration limit that
             # fraction is of an estimate (the request count at which the duration runs out).
-            requests = min(args.requests, int(args.duration * 40))
+            requests = min(args.requests, int(args.duration * 60))
             result = run_chaos(cluster, requests=requests, nodes=args.nodes, clients=args.clients,
                                restart_server=srv.restart, drop_connections=srv.drop_connections,
                                min_gap=args.min_gap, max_gap=args.max_gap, seed=args.seed,

@@ -404,7 +404,8 @@ def client_loop(cluster: Cluster, client_id: str, bodies: Iterator[bytes], ledge
                         ledger.indeterminate[uid] = body
                     # "already exposed and taken" is also what a send whose upload never
                     # started looks like: wait less; the checker tells the two apart on the server.
-                    indeterminate_wait = min(collect_timeout, INDETERMINATE_WAIT)
+                    indeterminate_wait = (collect_timeout if outcome == "already exposed"
+                                          else min(collect_timeout, INDETERMINATE_WAIT))
                 else:
                     indeterminate_wait = collect_timeout
                     with ledger.lock:
@@ -664,5 +665,11 @@ def run_chaos(cluster: Cluster, *, requests: int, nodes: int = 3, clients: int =
 
 def dump(result: ChaosResult, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**result.report(), "final_recovery": result.final_recovery,
+    led, v = result.ledger, result.verdict
+    examples = {kind: [{"uuid": u, "sent": repr(led.acknowledged.get(u, led.indeterminate.get(u))),
+                        "answers": [repr(a) for a in led.answers.get(u, [])]} for u in uids[:5]]
+                for kind, uids in (("lost", v.lost), ("answered_twice", v.answered_twice),
+                                   ("unexpected", v.unexpected)) if uids}
+    path.write_text(json.dumps({**result.report(), "examples": examples,
+                                "final_recovery": result.final_recovery,
                                 "events": result.nemesis.events}, indent=2) + "\n")
