@@ -112,6 +112,14 @@ class Transport(ABC):
         self.close()
 
 
+def stream_position(stream: BinaryIO) -> int | None:
+    """Where a seekable stream stands (to rewind it for a retry), or None if it cannot seek."""
+    try:
+        return stream.tell() if stream.seekable() else None
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 # --------------------------------------------------------------------------- path safety
 
 

@@ -51,7 +51,7 @@ from ftpbc.errors import (
     ProtocolError,
     SourceGone,
 )
-from ftpbc.transport.base import Entry, Transport, normalize
+from ftpbc.transport.base import Entry, Transport, normalize, stream_position
 from ftpbc.transport.errormap import Progress, map_ftp_errors, translate_ftp_reply
 from ftpbc.transport.pool import Pool
 
@@ -146,7 +146,7 @@ class FTPTransport(Transport):
 
     def put(self, path: str, stream: BinaryIO, *, timeout: float | None = None) -> int:
         remote = self._remote(path)
-        start = _tell(stream)
+        start = stream_position(stream)
 
         def op(s: _Session, progress: Progress) -> int:
             if start is not None:
@@ -164,7 +164,7 @@ class FTPTransport(Transport):
 
     def get(self, path: str, stream: BinaryIO, *, timeout: float | None = None) -> int:
         remote = self._remote(path)
-        start = _tell(stream)
+        start = stream_position(stream)
         written = [0]
 
         def op(s: _Session, progress: Progress) -> int:
@@ -528,13 +528,6 @@ def _chunks(stream: BinaryIO) -> Iterator[memoryview | bytes]:
     else:
         while chunk := stream.read(CHUNK):
             yield chunk
-
-
-def _tell(stream: BinaryIO) -> int | None:
-    try:
-        return stream.tell() if stream.seekable() else None
-    except (OSError, ValueError):
-        return None
 
 
 def _parse_time(value: str) -> datetime:

@@ -29,7 +29,8 @@ Guarantees
       (``sftp://user@host:port``) and the path, never a password.  A request that was sent but
       not answered raises :class:`~ftpbc.errors.OutcomeUnknown`.
     * An operation that failed with ConnectionLost (nothing was sent, e.g. a pooled connection
-      the server had closed) is retried once on a fresh connection.
+      the server had closed) is retried once on a fresh connection; so is one whose repetition
+      is harmless (list, stat, mkdir, put/get with a seekable stream) after OutcomeUnknown.
 
 Not guaranteed: SFTP has no file locking, and ``put`` is not atomic (stage, then rename).
 """
@@ -83,12 +84,13 @@ from ftpbc.errors import (
     ConnectionLost,
     HostKeyRejected,
     NotFound,
+    OutcomeUnknown,
     PermissionDenied,
     ProtocolError,
     SourceGone,
     TransportError,
 )
-from ftpbc.transport.base import Entry, Transport, normalize
+from ftpbc.transport.base import Entry, Transport, normalize, stream_position
 from ftpbc.transport.errormap import Progress, translate_os_error
 from ftpbc.transport.pool import Pool
 
@@ -492,8 +494,15 @@ class SFTPTransport(Transport):
         except SFTPError as exc:
             raise ProtocolError(f"unexpected SFTP reply: {exc}", server=self.server, path=path) from exc
 
-    def _run(self, path: str, op: Callable[[_Client], T], timeout: float | None) -> T:
-        """Run ``op`` on a pooled session; once more on a fresh one if nothing had been sent."""
+    def _run(self, path: str, op: Callable[[_Client], T], timeout: float | None, *,
+             repeatable: bool = False, rewind: Callable[[], None] | None = None) -> T:
+        """Run ``op`` on a pooled session; once more on a fresh one if nothing had been sent.
+
+        A ``repeatable`` operation (one whose repetition has the same effect: list, stat, mkdir,
+        a put or get whose stream ``rewind`` can reset) is also repeated after OutcomeUnknown,
+        the usual result of a connection dropped mid-operation.  Renames and deletes are not:
+        a lost reply to them must reach the caller, which decides from the server's state.
+        """
         limit = self.cfg.timeout if timeout is None else timeout
         for attempt in (1, 2):
             try:
@@ -506,6 +515,11 @@ class SFTPTransport(Transport):
             except ConnectionLost:
                 if attempt == 2:
                     raise
+            except OutcomeUnknown:
+                if attempt == 2 or not repeatable:
+                    raise
+            if rewind is not None:
+                rewind()
         raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ operations
@@ -516,11 +530,12 @@ class SFTPTransport(Transport):
         def op(c: _Client) -> list[Entry]:
             return [_entry(a.filename, a) for a in c.listdir_attr(remote)]
 
-        return self._run(path, op, timeout)
+        return self._run(path, op, timeout, repeatable=True)
 
     def stat(self, path: str, *, timeout: float | None = None) -> Entry:
         remote = self._remote(path)
-        return self._run(path, lambda c: _entry(posixpath.basename(remote), c.stat(remote)), timeout)
+        return self._run(path, lambda c: _entry(posixpath.basename(remote), c.stat(remote)), timeout,
+                         repeatable=True)
 
     def put(self, path: str, stream: BinaryIO, *, timeout: float | None = None) -> int:
         remote = self._remote(path)
@@ -535,7 +550,14 @@ class SFTPTransport(Transport):
             except _Status as exc:
                 raise _status_error(exc, server=self.server, path=path, prefix="write failed: ") from None
 
-        return self._run(path, op, timeout)
+        start = stream_position(stream)
+
+        def rewind_source() -> None:
+            assert start is not None
+            stream.seek(start)
+
+        return self._run(path, op, timeout, repeatable=start is not None,
+                         rewind=None if start is None else rewind_source)
 
     def get(self, path: str, stream: BinaryIO, *, timeout: float | None = None) -> int:
         remote = self._remote(path)
@@ -545,7 +567,15 @@ class SFTPTransport(Transport):
                 size = fh.stat().st_size or 0
                 return _PipelinedReader(c, cast(bytes, fh.handle)).copy(size, stream)
 
-        return self._run(path, op, timeout)
+        start = stream_position(stream)
+
+        def rewind() -> None:
+            assert start is not None
+            stream.seek(start)
+            stream.truncate()
+
+        return self._run(path, op, timeout, repeatable=start is not None,
+                         rewind=None if start is None else rewind)
 
     def rename(self, src: str, dst: str, *, timeout: float | None = None) -> None:
         rsrc, rdst = self._remote(src), self._remote(dst)
@@ -604,7 +634,7 @@ class SFTPTransport(Transport):
                 if not statmod.S_ISDIR(c.stat(target).st_mode or 0):
                     raise
 
-        self._run(path, lambda c: make(c, remote), timeout)
+        self._run(path, lambda c: make(c, remote), timeout, repeatable=True)
 
     def close(self) -> None:
         self._pool.close()
