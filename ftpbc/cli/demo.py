@@ -71,25 +71,38 @@ def _port_range(text: str | None) -> range | None:
               help="Directory served as '/' (created if missing).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=2121, show_default=True)
-@click.option("--user", default="ftpbc", show_default=True)
+@click.option("--user", default="ftpbc", show_default=True, metavar="NAME[:PASSWORD]",
+              help="The one login.  A password given here is visible to local users in `ps`: "
+                   "prefer NAME alone with the password in --password-env.")
 @click.option("--password-env", default="FTPBC_FTPD_PASSWORD", show_default=True,
-              help="Environment variable holding the password (never given on the command line).")
+              help="Environment variable holding the password when --user gives none.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="PEM certificate (with its key, or see --tls-key): serve FTPS (explicit AUTH TLS).")
+@click.option("--tls-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="PEM private key, when not in the --tls-cert file.")
+@click.option("--implicit-tls", is_flag=True,
+              help="With --tls-cert: TLS from the first byte (implicit FTPS).")
 @click.option("--passive-ports", default=None, help="Passive data port range, e.g. 30000-30009.")
 @click.option("--masquerade", default=None, help="Address announced in passive replies (NAT).")
-def ftpd(root: Path, host: str, port: int, user: str, password_env: str, passive_ports: str | None,
-         masquerade: str | None) -> None:
+def ftpd(root: Path, host: str, port: int, user: str, password_env: str, tls_cert: Path | None,
+         tls_key: Path | None, implicit_tls: bool, passive_ports: str | None, masquerade: str | None) -> None:
     """Run the embedded FTP server (pyftpdlib) until SIGTERM or Ctrl-C.
 
     A single-user server for tests, demos and docker-compose; not hardened for the internet.
     """
     from ftpbc.embedded import EmbeddedFTPServer
 
-    password = os.environ.get(password_env)
-    if not password:
-        raise ConfigError(f"environment variable {password_env!r} (the FTP password) is not set",
-                          key="--password-env")
+    name, sep, password = user.partition(":")
+    if not sep:
+        password = os.environ.get(password_env, "")
+        if not password:
+            raise ConfigError(f"no password: give --user NAME:PASSWORD or set ${password_env}",
+                              key="--password-env")
+    if implicit_tls and tls_cert is None:
+        raise click.UsageError("--implicit-tls needs --tls-cert")
     root.mkdir(parents=True, exist_ok=True)
-    server = EmbeddedFTPServer(root, password=password, user=user, host=host, port=port,
+    server = EmbeddedFTPServer(root, password=password, user=name, host=host, port=port,
+                               certfile=tls_cert, keyfile=tls_key, implicit_tls=implicit_tls,
                                passive_ports=_port_range(passive_ports), masquerade_address=masquerade)
     stop = threading.Event()
 
@@ -102,7 +115,7 @@ def ftpd(root: Path, host: str, port: int, user: str, password_env: str, passive
         server.start()
     except OSError as exc:
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}", key="--port") from None
-    click.echo(f"ftpbc ftpd: serving {root} as ftp://{user}@{host}:{server.port}/", err=True)
+    click.echo(f"ftpbc ftpd: serving {root} as {server.url}", err=True)
     started = time.monotonic()
     stop.wait()
     server.stop()
