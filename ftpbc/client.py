@@ -156,6 +156,11 @@ class Client:
         self.config = config
         self.runtime = Runtime(config, connections=connections)
         self.runtime.heartbeat.start()
+        # A client restarted with a fixed node id finishes what its predecessor left in the
+        # journal (e.g. returns a claimed response to outbox, so collect() can find it).
+        from ftpbc.node.serve import recover
+
+        self.recovered = recover(self.runtime, orphans=False)
         self._pollers: dict[str, _ResponsePoller] = {}
         self._transfers: dict[str, Transfer] = {}
         self._lock = threading.Lock()

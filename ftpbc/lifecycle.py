@@ -83,14 +83,15 @@ def rename_resolving(transport: Transport, src: str, dst: str) -> None:
 
 
 def claim_files(transport: Transport, journal: EndpointJournal, plan: Sequence[tuple[str, str, str]],
-                *, intent_point: str, rename_point: str) -> set[int]:
+                *, intent_point: str, rename_point: str, durable: bool = True) -> set[int]:
     """Claim ``(op_id, src, dst)`` files by renaming; return the indexes of the claims won.
 
-    One durable batch of ``claim`` records (src, dst) comes first, so a poll of 32 files costs
-    one fsync and recovery can return every claim (rename dst -> src).  A lost race ends its
+    One batch of ``claim`` records (src, dst) comes first, so recovery can return every claim
+    (rename dst -> src); ``durable`` makes it one fsync per poll.  A lost race ends its
     operation at once.
     """
-    journal.record_many([(op, "claim", {"src": src, "dst": dst}) for op, src, dst in plan], durable=True)
+    journal.record_many([(op, "claim", {"src": src, "dst": dst}) for op, src, dst in plan],
+                        durable=durable)
     crash_point(intent_point)
     won: set[int] = set()
     for i, (op, src, dst) in enumerate(plan):
@@ -148,7 +149,10 @@ class Exchange:
         """
         stage = self.area.path(direction, "stage", claim_name(name, self.node_id))
         target = self.area.path(direction, "box", name)
-        self.journal.record(op_id, "send", durable=True, kind=kind, stage=stage, target=target)
+        # Not fsynced: written before the put, it survives a kill of this process (the page
+        # cache outlives it); after a machine crash, recovery finds the stage file by the node
+        # id in its name instead (recovery.recover_orphans).  Only results need fsync.
+        self.journal.record(op_id, "send", kind=kind, stage=stage, target=target)
         crash_point("send.after-intent")
         self.transport.put(stage, _stream(body))
         crash_point("send.after-put")
@@ -182,8 +186,10 @@ class Exchange:
               role: str) -> tuple[list[Claimed], int]:
         """Claim ``(name, uuid, size)`` files from the box; return (claimed, races lost).
 
-        One durable journal record batch covers the whole poll, so claiming 32 files costs one
-        fsync, not 32.
+        One journal record batch covers the whole poll.  It is not fsynced: claims carry this
+        node's id in their names, so after a machine crash recovery finds them by listing the
+        select directory (recovery.recover_orphans); a killed process leaves the records in the
+        page cache, which outlives it.
         """
         if not names:
             return [], 0
@@ -193,7 +199,8 @@ class Exchange:
                 for name, uid, size in names]
         won = claim_files(self.transport, self.journal, [(op, src, dst) for _, _, _, op, src, dst in plan],
                           intent_point="claim.after-intent" if role == "serve" else "collect.after-intent",
-                          rename_point="claim.after-rename" if role == "serve" else "collect.after-claim")
+                          rename_point="claim.after-rename" if role == "serve" else "collect.after-claim",
+                          durable=False)
         claimed = [Claimed(direction, name, dst, op, uid, size)
                    for i, (name, uid, size, op, _, dst) in enumerate(plan) if i in won]
         return claimed, len(plan) - len(claimed)

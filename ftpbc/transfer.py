@@ -125,7 +125,8 @@ class Transfer:
         tc = config.transfers[name]
         return cls(name, tc, runtime.transport(tc.server), runtime.journal.endpoint(key(name)),
                    runtime.sequences, runtime.node_id,
-                   PollLock(Path(config.node.state_dir), key(name), tc.lock))
+                   PollLock(Path(config.node.state_dir), key(name), tc.lock, holder=runtime.node_id,
+                            lease=config.node.lease))
 
     # ------------------------------------------------------------------ names
 

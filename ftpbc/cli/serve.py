@@ -70,15 +70,12 @@ def recover(config_path: str, node_id: str | None) -> None:
 def journal(config_path: str, node_id: str | None) -> None:
     """List this node's pending journal operations (what recovery would act on)."""
     config = load(config_path, node_id)
-    j = Journal(Path(config.node.journal_dir), config.node.id)
-    try:
-        pending = j.all_pending()
-    finally:
-        j.close()
+    directory = Path(config.node.journal_dir) / config.node.id
+    pending = Journal.read_pending(Path(config.node.journal_dir), config.node.id)
     total = 0
     for endpoint, ops in pending.items():
         for op in ops:
             total += 1
             where = op.fields.get("target") or op.fields.get("dst") or op.fields.get("claim", "")
             click.echo(f"{endpoint}\t{op.op_id}\t{' > '.join(op.events)}\t{where}")
-    click.echo(f"{total} pending operation(s) in {j.dir}")
+    click.echo(f"{total} pending operation(s) in {directory}")

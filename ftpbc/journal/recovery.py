@@ -23,6 +23,7 @@ import logging
 from dataclasses import dataclass
 
 from ftpbc.errors import NotFound, SourceGone
+from ftpbc.exchange import split_claim
 from ftpbc.faults import crash_point
 from ftpbc.journal.store import EndpointJournal, Operation
 from ftpbc.lifecycle import Exchange
@@ -42,7 +43,8 @@ class Action:
         return f"{self.endpoint}: {self.op_id} ({self.kind}): {self.outcome}"
 
 
-def recover_endpoint(exchange: Exchange) -> list[Action]:
+def recover_endpoint(exchange: Exchange, *, orphans: bool = True) -> list[Action]:
+    """Finish or undo every pending operation, then (``orphans``) this node's unjournaled files."""
     actions = []
     for op in exchange.journal.pending():
         crash_point("recover.before-op")
@@ -50,6 +52,46 @@ def recover_endpoint(exchange: Exchange) -> list[Action]:
         crash_point("recover.after-op")
         actions.append(Action(exchange.endpoint, op.op_id, op.kind, outcome))
         log.info("recovered %s", actions[-1])
+    if orphans:
+        actions.extend(recover_orphans(exchange))
+    return actions
+
+
+def recover_orphans(ex: Exchange) -> list[Action]:
+    """Stage and select files carrying this node's id that no pending operation accounts for.
+
+    Send and claim intents are written before their remote step but not fsynced (a killed
+    process leaves them in the page cache), so only a machine crash can lose them; the files
+    they announced still say who made them.  Run after the journal's own operations are done,
+    so any such file left now is an orphan: a staged request or one-way message is rolled back,
+    a claim is returned to its box.  A staged response is never an orphan (its ``served``
+    record is fsynced before the upload) and is left alone.
+    """
+    actions = []
+    t = ex.transport
+    for direction in ("in", "out"):
+        for kind in ("select", "stage"):
+            if kind == "stage" and direction == "out":
+                continue
+            for entry in t.list(ex.area.dir(direction, kind)):
+                name, owner = split_claim(entry.name)
+                if owner != ex.node_id:
+                    continue
+                path = ex.area.path(direction, kind, entry.name)
+                if kind == "select":
+                    try:
+                        t.rename(path, ex.area.path(direction, "box", name))
+                        outcome = f"orphan claim returned to {direction}box"
+                    except SourceGone:
+                        continue
+                else:
+                    try:
+                        t.delete(path)
+                        outcome = "orphan staged message rolled back"
+                    except NotFound:
+                        continue
+                actions.append(Action(ex.endpoint, entry.name, "orphan", outcome))
+                log.warning("recovered %s", actions[-1])
     return actions
 
 

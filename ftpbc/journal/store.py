@@ -82,6 +82,48 @@ def _now() -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
 
 
+def _apply(pending: dict[str, Operation], op_id: str, event: str, fields: dict[str, str]) -> bool:
+    """Fold one record into ``pending``; True if it ended an operation."""
+    if event == "end":
+        return pending.pop(op_id, None) is not None
+    op = pending.setdefault(op_id, Operation(op_id))
+    op.events.append(event)
+    op.fields.update(fields)
+    return False
+
+
+def parse_journal(path: Path, *, repair: bool = False) -> dict[str, Operation]:
+    """The pending operations recorded in journal file ``path`` (empty if it does not exist).
+
+    A last record without its newline was torn by a kill mid-write, so before its remote step:
+    it is ignored, and with ``repair`` cut off the file, or the next append would be glued to it.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise JournalError(f"{path}: cannot read journal: {exc.strerror}") from None
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+        if repair:
+            try:
+                with open(path, "r+b") as fh:
+                    fh.truncate(len(text.encode("utf-8")))
+            except OSError as exc:
+                raise JournalError(f"{path}: cannot cut torn record: {exc.strerror}") from None
+    pending: dict[str, Operation] = {}
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        parts = line.split(" ")
+        if len(parts) < 3:
+            raise JournalError(f"{path}:{number}: unreadable journal record {line[:80]!r}")
+        _, op_id, event, *rest = parts
+        _apply(pending, op_id, event, _decode(rest))
+    return pending
+
+
 class EndpointJournal:
     """The journal of one endpoint on one node.  Thread-safe."""
 
@@ -108,41 +150,11 @@ class EndpointJournal:
     # ------------------------------------------------------------------ reading
 
     def _load(self) -> None:
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise JournalError(f"{self.path}: cannot read journal: {exc.strerror}") from None
-        if text and not text.endswith("\n"):
-            # A torn last record (killed mid-write, so before its remote step): cut it off, or
-            # it would be read as a record and the next append glued onto it.
-            text = text[: text.rfind("\n") + 1]
-            try:
-                with open(self.path, "r+b") as fh:
-                    fh.truncate(len(text.encode("utf-8")))
-            except OSError as exc:
-                raise JournalError(f"{self.path}: cannot cut torn record: {exc.strerror}") from None
-        lines = text.split("\n")
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            parts = line.split(" ")
-            if len(parts) < 3:
-                if number == len(lines) or (number == len(lines) - 1 and not lines[-1]):
-                    continue  # a torn last line: the crash came mid-write, before its remote step
-                raise JournalError(f"{self.path}:{number}: unreadable journal record {line[:80]!r}")
-            _, op_id, event, *rest = parts
-            self._apply(op_id, event, _decode(rest))
+        self._pending = parse_journal(self.path, repair=True)
 
     def _apply(self, op_id: str, event: str, fields: dict[str, str]) -> None:
-        if event == "end":
-            if self._pending.pop(op_id, None) is not None:
-                self._ended_since_compaction += 1
-            return
-        op = self._pending.setdefault(op_id, Operation(op_id))
-        op.events.append(event)
-        op.fields.update(fields)
+        if _apply(self._pending, op_id, event, fields):
+            self._ended_since_compaction += 1
 
     def pending(self) -> list[Operation]:
         """Operations begun and not ended, in the order they began."""
@@ -264,8 +276,75 @@ class EndpointJournal:
             self._fh.close()
 
 
+class _Shared:
+    """Process-wide sharing of one node's journal files, and the lock that keeps other processes out.
+
+    Two objects appending to one journal file with separate pending-sets would truncate each
+    other's records, so within a process every opener of a node's journal shares the same
+    :class:`EndpointJournal` objects; across processes a lock file refuses a second process
+    with the same node id (two ``ftpbc serve --node-id a`` would corrupt each other's recovery).
+    """
+
+    lock = threading.Lock()
+    users: dict[Path, int] = {}
+    lock_fds: dict[Path, int] = {}
+    endpoints: dict[Path, EndpointJournal] = {}
+
+
+def _read_registry(path: Path) -> dict[str, str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    entries = {}
+    for line in text.splitlines():
+        if "\t" in line:
+            name, file = line.split("\t", 1)
+            entries[name] = file
+    return entries
+
+
+def _acquire_node(directory: Path, node_id: str) -> bool:
+    """Register one more user of ``directory``; True if it is the first in this process."""
+    import fcntl
+
+    key = directory.resolve()
+    with _Shared.lock:
+        if _Shared.users.get(key, 0) == 0:
+            fd = os.open(key / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise JournalError(
+                    f"{key}: node id {node_id!r} is in use by another process on this host "
+                    "(give each node its own --node-id)") from None
+            _Shared.lock_fds[key] = fd
+        _Shared.users[key] = _Shared.users.get(key, 0) + 1
+        return _Shared.users[key] == 1
+
+
+def _release_node(directory: Path) -> None:
+    key = directory.resolve()
+    with _Shared.lock:
+        left = _Shared.users.get(key, 0) - 1
+        if left > 0:
+            _Shared.users[key] = left
+            return
+        _Shared.users.pop(key, None)
+        for path in [p for p in _Shared.endpoints if p.parent == key]:
+            _Shared.endpoints.pop(path).close()
+        fd = _Shared.lock_fds.pop(key, None)
+        if fd is not None:
+            os.close(fd)  # releases the flock
+
+
 class Journal:
-    """All endpoint journals of one node, with the registry mapping endpoints to files."""
+    """All endpoint journals of one node, with the registry mapping endpoints to files.
+
+    ``first`` is True for the first opener in this process: only it should run recovery, since
+    a later opener (a Client beside a Node of the same id) would act on the first one's work.
+    """
 
     def __init__(self, journal_dir: Path, node_id: str, *, durable: bool = True) -> None:
         self.dir = Path(journal_dir) / node_id
@@ -274,43 +353,54 @@ class Journal:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise JournalError(f"{self.dir}: cannot create journal directory: {exc.strerror}") from None
+        self.first = _acquire_node(self.dir, node_id)
+        self._closed = False
         self._lock = threading.Lock()
-        self._open: dict[str, EndpointJournal] = {}
         self.registry_path = self.dir / "registry"
 
     def registry(self) -> dict[str, str]:
-        try:
-            text = self.registry_path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return {}
-        entries = {}
-        for line in text.splitlines():
-            if "\t" in line:
-                name, file = line.split("\t", 1)
-                entries[name] = file
-        return entries
+        return _read_registry(self.registry_path)
 
     def endpoint(self, name: str) -> EndpointJournal:
-        with self._lock:
-            if name in self._open:
-                return self._open[name]
-            file = f"{uuid.uuid5(_NAMESPACE, name)}.journal"
+        file = f"{uuid.uuid5(_NAMESPACE, name)}.journal"
+        path = self.dir.resolve() / file
+        with _Shared.lock:
+            journal = _Shared.endpoints.get(path)
+            if journal is not None:
+                return journal
             registry = self.registry()
             if registry.get(name) != file:
                 registry[name] = file
                 tmp = self.registry_path.with_suffix(".tmp")
                 tmp.write_text("".join(f"{k}\t{v}\n" for k, v in sorted(registry.items())), encoding="utf-8")
                 os.replace(tmp, self.registry_path)
-            journal = EndpointJournal(self.dir / file, durable=self.durable)
-            self._open[name] = journal
+            journal = EndpointJournal(path, durable=self.durable)
+            _Shared.endpoints[path] = journal
             return journal
 
     def all_pending(self) -> dict[str, list[Operation]]:
         """Pending operations of every registered endpoint (the endpoints need not be configured)."""
         return {name: ops for name in sorted(self.registry()) if (ops := self.endpoint(name).pending())}
 
+    @staticmethod
+    def read_pending(journal_dir: Path, node_id: str) -> dict[str, list[Operation]]:
+        """What :meth:`all_pending` would say, read from disk without opening the journal.
+
+        For ``ftpbc journal`` while the node runs: no lock is taken, nothing is written, so the
+        answer is a snapshot that may be a moment old.
+        """
+        directory = Path(journal_dir) / node_id
+        registry = _read_registry(directory / "registry")
+        out = {}
+        for name in sorted(registry):
+            ops = list(parse_journal(directory / registry[name]).values())
+            if ops:
+                out[name] = ops
+        return out
+
     def close(self) -> None:
         with self._lock:
-            for j in self._open.values():
-                j.close()
-            self._open.clear()
+            if self._closed:
+                return
+            self._closed = True
+        _release_node(self.dir)

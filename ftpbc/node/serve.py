@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ftpbc.config.models import Config
 from ftpbc.errors import ConfigError, FtpbcError
-from ftpbc.journal.recovery import Action, recover_endpoint
+from ftpbc.journal.recovery import Action, recover_endpoint, recover_orphans
 from ftpbc.message import Message
 from ftpbc.node.locks import PollLock
 from ftpbc.node.provider import Poller, Provider
@@ -48,9 +48,20 @@ def load_handler(spec: str, *, key: str, source: str) -> Handler:
     return handler  # type: ignore[no-any-return]
 
 
-def recover(runtime: Runtime, transfers: dict[str, Transfer] | None = None) -> list[Action]:
-    """Replay this node's journal; endpoints no longer configured are reported, not touched."""
+def recover(runtime: Runtime, transfers: dict[str, Transfer] | None = None, *,
+            orphans: bool = True) -> list[Action]:
+    """Replay this node's journal; endpoints no longer configured are reported, not touched.
+
+    With ``orphans``, every configured endpoint's stage and select directories are also searched
+    for files of this node that no journal record accounts for (see recovery.recover_orphans).
+    Only the first opener of this node's journal in the process recovers: a Client started
+    beside a Node of the same id must not undo the Node's work in progress.
+    """
     actions: list[Action] = []
+    if not runtime.journal.first:
+        log.info("journal of node %s already open in this process; recovery left to its first user",
+                 runtime.node_id)
+        return actions
     for endpoint, ops in runtime.journal.all_pending().items():
         if endpoint.startswith(TRANSFER_KEY_PREFIX):
             name = endpoint[len(TRANSFER_KEY_PREFIX):]
@@ -65,7 +76,10 @@ def recover(runtime: Runtime, transfers: dict[str, Transfer] | None = None) -> l
             actions.extend(Action(endpoint, op.op_id, op.kind, "skipped: endpoint not configured")
                            for op in ops)
             continue
-        actions.extend(recover_endpoint(runtime.exchange(endpoint)))
+        actions.extend(recover_endpoint(runtime.exchange(endpoint), orphans=False))
+    if orphans:
+        for endpoint in runtime.config.endpoints:
+            actions.extend(recover_orphans(runtime.exchange(endpoint)))
     return actions
 
 
@@ -109,7 +123,8 @@ class Node:
         for name, handler in self.handlers.items():
             ep = self.config.endpoints[name]
             ex = self.runtime.exchange(name)
-            provider = Provider(name, ep, ex, handler, PollLock(node.state_dir, name, ep.lock))
+            provider = Provider(name, ep, ex, handler, PollLock(node.state_dir, name, ep.lock,
+                                                                 holder=node.id, lease=node.lease))
             self.providers[name] = provider
             self.sweepers.append(Sweeper(name, ep, ex, Path(node.state_dir), node.lease))
             server = self.config.servers[ep.server]

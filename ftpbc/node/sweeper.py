@@ -37,7 +37,7 @@ class Sweeper:
         self.exchange = exchange
         self.state_dir = state_dir
         self.lease = lease
-        self.lock = PollLock(state_dir, f"{endpoint}.sweep", "file")
+        self.lock = PollLock(state_dir, f"{endpoint}.sweep", "file", holder=exchange.node_id, lease=lease)
         self.request_pattern = Pattern.parse(config.request_prefix + config.message_name)
         self.uncollected = 0
         self.returned = 0

@@ -108,7 +108,8 @@ class TransferSweeper:
         self.transfer = transfer
         self.state_dir = state_dir
         self.lease = lease
-        self.lock = PollLock(state_dir, f"{self.endpoint}.sweep", "file")
+        self.lock = PollLock(state_dir, f"{self.endpoint}.sweep", "file", holder=transfer.node_id,
+                             lease=lease)
         self.returned = 0
 
     def sweep(self) -> None:
