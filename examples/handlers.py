@@ -57,3 +57,12 @@ def tagged(message: Message) -> str:
     body = message.body
     return json.dumps({"node": node, "body": body.decode("utf-8"),
                        "sha256": hashlib.sha256(body).hexdigest()})
+
+
+def orders(message: Message) -> str:
+    """A transfer's handler: acknowledge a partner's order file (``ORD_<id>.xml``) by name.
+
+    ``message.values["%*0"]`` is what the wildcard of ``receive_from: .../ORD_%*.xml`` matched.
+    """
+    order_id = message.values.get("%*0", message.name)
+    return f"<ack order='{order_id}' bytes='{message.size}'/>\n"
