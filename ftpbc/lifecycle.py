@@ -269,7 +269,10 @@ class Exchange:
             except SourceGone:
                 return self._lost(op_id, resp_stage if staged else None)
             except OutcomeUnknown:
+                # The reply was lost (say, the server restarted): decide from what is there now.
                 if not t.exists(archived):
+                    if t.exists(claim):
+                        raise  # the rename did not happen: the caller retries this whole step
                     return self._lost(op_id, resp_stage if staged else None)
             crash_point("serve.after-commit")
         elif not t.exists(archived):
