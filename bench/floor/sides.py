@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import Children, MP, fill_inbox, peak_rss_mib, percentile, prepare_area, wait_for
+from common import MP, Children, fill_inbox, peak_rss_mib, percentile, prepare_area, wait_for
 from floor.lean import connect
 
 IN = {k: f"ex/in{k}" for k in ("box", "stage", "select", "archive")}
