@@ -19,9 +19,11 @@ import logging
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Protocol
 
 from ftpbc.config.models import EndpointConfig
@@ -30,6 +32,7 @@ from ftpbc.lifecycle import Claimed, Exchange
 from ftpbc.message import Message, result_bytes
 from ftpbc.node.locks import PollLock
 from ftpbc.patterns import Pattern
+from ftpbc.transport.base import Entry
 
 log = logging.getLogger("ftpbc.provider")
 
@@ -197,9 +200,17 @@ class Provider(Poller):
         self.request_pattern = Pattern.parse(config.request_prefix + config.message_name)
         self.oneway_pattern = Pattern.parse(config.oneway_prefix + config.message_name)
         self._reported: set[str] = set()
+        # What the last listing found and this node has not claimed yet, oldest first.
+        self._backlog: deque[tuple[str, str | None, int]] = deque()
 
     def poll_once(self) -> int:
-        """One poll: claimed count, 0 if nothing to do, -1 if another poller held the lock."""
+        """One poll: claimed count, 0 if nothing to do, -1 if another poller held the lock.
+
+        The inbox is listed only when the remembered backlog of the last listing is used up (or
+        went stale): a listing of 10,000 entries costs over 100 ms to fetch and parse, a claim a
+        single rename.  A remembered file another node took meanwhile is a lost race, and when
+        most of a batch is lost the backlog is dropped and the next poll lists again.
+        """
         free = min(self._free_slots(), self.config.max_per_poll)
         if free <= 0 or self._stop.is_set():
             return 0
@@ -207,23 +218,30 @@ class Provider(Poller):
             if not held:
                 return -1
             self.stats.add(polls=1)
-            entries = self.exchange.transport.list(self.exchange.area.dir("in", "box"))
-            picks = []
-            for e in sorted(entries, key=lambda e: (e.mtime or 0, e.name)):  # type: ignore[operator, return-value]
-                if e.is_dir:
-                    continue
-                m = self.request_pattern.match(e.name) or self.oneway_pattern.match(e.name)
-                if m is None:
-                    self._report_foreign(e.name)
-                    continue
-                picks.append((e.name, m.uuid, e.size))
-                if len(picks) >= free:
-                    break
+            if not self._backlog:
+                self._backlog = deque(self._candidates())
+            picks = [self._backlog.popleft() for _ in range(min(free, len(self._backlog)))]
             claimed, lost = self.exchange.claim("in", picks, "serve")
+            if lost * 2 > len(picks):
+                self._backlog.clear()
         self.stats.add(lost_races=lost)
         for c in claimed:
             self._dispatch(lambda c=c: self._serve_one(c), c.name)  # type: ignore[misc]
         return len(claimed) if claimed else (1 if lost else 0)
+
+    def _candidates(self) -> list[tuple[str, str | None, int]]:
+        """Matching files in the inbox, oldest first (by modification time, then name)."""
+        entries = self.exchange.transport.list(self.exchange.area.dir("in", "box"))
+        found = []
+        for e in sorted(entries, key=_age_order):
+            if e.is_dir:
+                continue
+            m = self.request_pattern.match(e.name) or self.oneway_pattern.match(e.name)
+            if m is None:
+                self._report_foreign(e.name)
+                continue
+            found.append((e.name, m.uuid, e.size))
+        return found
 
     def _report_foreign(self, name: str) -> None:
         if name not in self._reported and len(self._reported) < 10_000:
@@ -268,3 +286,10 @@ class Provider(Poller):
             self.stats.add(served=1 if error is None else 0, failed=1 if error is not None else 0)
             with self.stats.lock:
                 self.stats.latencies.append(time.monotonic() - started)
+
+
+_NO_TIME = datetime.min.replace(tzinfo=UTC)
+
+
+def _age_order(e: Entry) -> tuple[datetime, str]:
+    return (e.mtime or _NO_TIME, e.name)
