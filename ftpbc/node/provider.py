@@ -16,10 +16,10 @@ or the node stops, in which case recovery finishes the job on the next start.
 from __future__ import annotations
 
 import logging
+import random
 import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,6 +39,8 @@ log = logging.getLogger("ftpbc.provider")
 Handler = Callable[[Message], object]
 SPOOL_IN_MEMORY = 4 * 1024 * 1024
 LOCK_RETRY = 0.005
+#: a claim batch is drawn from this many times its size of the oldest remembered files
+CLAIM_WINDOW = 8
 #: first wait after a poll that found work; doubles up to poll_interval
 FIRST_IDLE_WAIT = 0.002
 
@@ -201,7 +203,7 @@ class Provider(Poller):
         self.oneway_pattern = Pattern.parse(config.oneway_prefix + config.message_name)
         self._reported: set[str] = set()
         # What the last listing found and this node has not claimed yet, oldest first.
-        self._backlog: deque[tuple[str, str | None, int]] = deque()
+        self._backlog: list[tuple[str, str | None, int]] = []
 
     def poll_once(self) -> int:
         """One poll: claimed count, 0 if nothing to do, -1 if another poller held the lock.
@@ -219,8 +221,8 @@ class Provider(Poller):
                 return -1
             self.stats.add(polls=1)
             if not self._backlog:
-                self._backlog = deque(self._candidates())
-            picks = [self._backlog.popleft() for _ in range(min(free, len(self._backlog)))]
+                self._backlog = self._candidates()
+            picks = self._take(free)
             claimed, lost = self.exchange.claim("in", picks, "serve")
             if lost * 2 > len(picks):
                 self._backlog.clear()
@@ -228,6 +230,22 @@ class Provider(Poller):
         for c in claimed:
             self._dispatch(lambda c=c: self._serve_one(c), c.name)  # type: ignore[misc]
         return len(claimed) if claimed else (1 if lost else 0)
+
+    def _take(self, count: int) -> list[tuple[str, str | None, int]]:
+        """``count`` files from the oldest part of the backlog, chosen at random within it.
+
+        Nodes that listed the same backlog would otherwise all go for the same oldest files and
+        lose most of their claims to each other; drawing from a window of the oldest keeps the
+        order approximately oldest-first while making collisions rare.
+        """
+        backlog = self._backlog
+        count = min(count, len(backlog))
+        window = min(len(backlog), count * CLAIM_WINDOW)
+        chosen = set(random.sample(range(window), count))
+        picks = [backlog[i] for i in sorted(chosen)]
+        rest = [entry for i, entry in enumerate(backlog[:window]) if i not in chosen]
+        self._backlog = rest + backlog[window:]
+        return picks
 
     def _candidates(self) -> list[tuple[str, str | None, int]]:
         """Matching files in the inbox, oldest first (by modification time, then name)."""
