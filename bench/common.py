@@ -72,7 +72,10 @@ def config(target: Target, workdir: str, node_id: str, endpoints: dict[str, dict
     if target["kind"] == "file":
         from ftpbc.config.servers import ServerConfig
 
-        srv = ServerConfig.from_url(f"file://{target['root']}", name="srv", pool_size=pool_size)
+        # "durable" off compares like with like against kombu: both survive a killed process,
+        # neither fsyncs for power failures.
+        srv = ServerConfig.from_url(f"file://{target['root']}", name="srv", pool_size=pool_size,
+                                    fsync_files=durable)
     else:
         srv = server_config(target, pool_size=pool_size)
     return Config.model_validate({

@@ -16,7 +16,7 @@ def open_transport(server: ServerConfig) -> Transport:
     if server.scheme == "file":
         from ftpbc.transport.local import LocalTransport
 
-        return LocalTransport(server.base)
+        return LocalTransport(server.base, durable=server.fsync_files)
     if server.scheme in ("ftp", "ftps"):
         from ftpbc.transport.ftp import FTPTransport
 
