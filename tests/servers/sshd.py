@@ -34,7 +34,7 @@ import psutil
 import pytest
 
 from tests.servers.handle import ServerHandle
-from tests.support import free_port, require_binary, wait_until
+from tests.support import IN_CI, free_port, require_binary, wait_until
 
 PASSWORD_USER = "ftpbc-sftp"
 PASSWORD_USER_COMMENT = "ftpbc test suite, removed after each run"
@@ -189,7 +189,10 @@ def sshd_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdProce
     binary = require_binary("sshd", "/usr/sbin/sshd")
     require_binary("ssh-keygen", "/usr/bin/ssh-keygen")
     if os.geteuid() != 0:
-        pytest.skip("the sshd fixture runs sshd as root (privilege separation needs it)")
+        message = "the sshd fixture runs sshd as root (privilege separation needs it)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
     # The privilege-separation directory the Debian package normally creates at boot.
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
 
