@@ -15,6 +15,7 @@ or the node stops, in which case recovery finishes the job on the next start.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import tempfile
@@ -75,7 +76,7 @@ class PollSettings(Protocol):
 class Poller:
     """The generic half of a provider: the poll loop, worker slots, retries and draining.
 
-    A subclass implements :meth:`poll_once` (under ``poll_lock``) and hands each claimed item
+    A subclass implements :meth:`_poll_locked` (called under ``poll_lock``) and hands each item
     to :meth:`_dispatch`; endpoints (:class:`Provider`) and transfers share this loop.
     """
 
@@ -98,7 +99,23 @@ class Poller:
 
     def poll_once(self) -> int:
         """One poll: claimed count, 0 if nothing to do, -1 if another poller held the lock."""
+        free = min(self._free_slots(), self.config.max_per_poll)
+        if free <= 0 or self._stop.is_set():
+            return 0
+        with self.poll_lock.attempt() as held:
+            if not held:
+                return -1
+            self.stats.add(polls=1)
+            return self._poll_locked(free)
+
+    def _poll_locked(self, free: int) -> int:
+        """Under the poll lock: take up to ``free`` items and :meth:`_dispatch` them."""
         raise NotImplementedError
+
+    def _claimed_count(self, claimed: int, lost: int) -> int:
+        """What a poll reports: a poll that only lost races still found work (poll again soon)."""
+        self.stats.add(lost_races=lost)
+        return claimed if claimed else (1 if lost else 0)
 
     # ------------------------------------------------------------------ polling
 
@@ -205,31 +222,23 @@ class Provider(Poller):
         # What the last listing found and this node has not claimed yet, oldest first.
         self._backlog: list[tuple[str, str | None, int]] = []
 
-    def poll_once(self) -> int:
-        """One poll: claimed count, 0 if nothing to do, -1 if another poller held the lock.
+    def _poll_locked(self, free: int) -> int:
+        """Claim up to ``free`` requests from the remembered backlog, listing the inbox if empty.
 
         The inbox is listed only when the remembered backlog of the last listing is used up (or
         went stale): a listing of 10,000 entries costs over 100 ms to fetch and parse, a claim a
         single rename.  A remembered file another node took meanwhile is a lost race, and when
         most of a batch is lost the backlog is dropped and the next poll lists again.
         """
-        free = min(self._free_slots(), self.config.max_per_poll)
-        if free <= 0 or self._stop.is_set():
-            return 0
-        with self.poll_lock.attempt() as held:
-            if not held:
-                return -1
-            self.stats.add(polls=1)
-            if not self._backlog:
-                self._backlog = self._candidates()
-            picks = self._take(free)
-            claimed, lost = self.exchange.claim("in", picks, "serve")
-            if lost * 2 > len(picks):
-                self._backlog.clear()
-        self.stats.add(lost_races=lost)
+        if not self._backlog:
+            self._backlog = self._candidates()
+        picks = self._take(free)
+        claimed, lost = self.exchange.claim("in", picks, "serve")
+        if lost * 2 > len(picks):
+            self._backlog.clear()
         for c in claimed:
-            self._dispatch(lambda c=c: self._serve_one(c), c.name)  # type: ignore[misc]
-        return len(claimed) if claimed else (1 if lost else 0)
+            self._dispatch(functools.partial(self._serve_one, c), c.name)
+        return self._claimed_count(len(claimed), lost)
 
     def _take(self, count: int) -> list[tuple[str, str | None, int]]:
         """``count`` files from the oldest part of the backlog, chosen at random within it.

@@ -37,25 +37,16 @@ class TransferProvider(Poller):
         self.transfer = transfer
         self.handler = handler
 
-    def poll_once(self) -> int:
-        """One poll: files taken, 0 if nothing to do, -1 if another poller held the lock."""
-        free = min(self._free_slots(), self.config.max_per_poll)
-        if free <= 0 or self._stop.is_set():
-            return 0
-        with self.poll_lock.attempt() as held:
-            if not held:
-                return -1
-            self.stats.add(polls=1)
-            picks = self.transfer.candidates(free)
-            if self.config.pre_receive == "none":
-                # Read in place: only holding the lock keeps other nodes off these files.  A file
-                # that could not be handled stays and counts 0, so the poller waits before retrying.
-                return sum(1 for r in picks if not self._stop.is_set() and self._handle(r))
-            claimed, lost = self.transfer.claim(picks)
-        self.stats.add(lost_races=lost)
+    def _poll_locked(self, free: int) -> int:
+        picks = self.transfer.candidates(free)
+        if self.config.pre_receive == "none":
+            # Read in place: only holding the lock keeps other nodes off these files.  A file
+            # that could not be handled stays and counts 0, so the poller waits before retrying.
+            return sum(1 for r in picks if not self._stop.is_set() and self._handle(r))
+        claimed, lost = self.transfer.claim(picks)
         for r in claimed:
             self._dispatch(functools.partial(self._serve_claimed, r), r.name)
-        return len(claimed) if claimed else (1 if lost else 0)
+        return self._claimed_count(len(claimed), lost)
 
     def _serve_claimed(self, received: Received) -> None:
         self._handle(received)
