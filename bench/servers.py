@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-import pwd
 import secrets
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -102,39 +100,11 @@ class _Vsftpd(vsftpd_rig.VsftpdProcess):
 
 @contextmanager
 def vsftpd_server(workdir: Path) -> Iterator[Target]:
-    # The rig's per-run user and PAM service names, so a test run in parallel is not disturbed.
-    suffix = secrets.token_hex(3)
-    user = f"{vsftpd_rig.USER_PREFIX}bench-{suffix}"
-    pam_file = vsftpd_rig.PAM_DIR / f"ftpbc-bench-vsftpd-{suffix}"
-    vdir = workdir / "vsftpd"
-    (vdir / "empty").mkdir(parents=True, mode=0o755)
-    root = Path(tempfile.mkdtemp(prefix="ftpbc-bench-vsftpd-", dir="/tmp"))
-    server: _Vsftpd | None = None
-    try:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", str(root),
-                        "--shell", "/bin/sh", user], check=True)
-        password = secrets.token_urlsafe(12)
-        subprocess.run(["chpasswd", "--crypt-method", "SHA512", "--sha-rounds", "1000"],
-                       input=f"{user}:{password}\n".encode(), check=True)
-        pam_file.write_text(vsftpd_rig.PAM_SERVICE)
-        entry = pwd.getpwnam(user)
-        os.chown(root, entry.pw_uid, entry.pw_gid)
-        root.chmod(0o755)
-        port = free_port()
-        config = vdir / "vsftpd.conf"
-        config.write_text(vsftpd_rig._config(root, vdir, port, pam_file.name))
-        server = _Vsftpd(binary=shutil.which("vsftpd") or "/usr/sbin/vsftpd", config=config,
-                         port=port, log=vdir / "stderr.log")
-        server.start()
-        assert server.proc is not None
-        yield {"kind": "vsftpd", "host": "127.0.0.1", "port": port, "user": user, "password": password,
-               "base": "/", "root": str(root), "pid": server.proc.pid}
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(root, ignore_errors=True)
-        pam_file.unlink(missing_ok=True)
-        subprocess.run(["userdel", user], check=False, capture_output=True)
+    binary = shutil.which("vsftpd") or "/usr/sbin/vsftpd"
+    with vsftpd_rig.running_vsftpd(binary, workdir / "vsftpd", label="bench", process_class=_Vsftpd) as v:
+        assert v.server.proc is not None
+        yield {"kind": "vsftpd", "host": "127.0.0.1", "port": v.server.port, "user": v.user,
+               "password": v.password, "base": "/", "root": str(v.root), "pid": v.server.proc.pid}
 
 
 @contextmanager

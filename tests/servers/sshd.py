@@ -24,7 +24,6 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ import psutil
 import pytest
 
 from tests.servers.handle import ServerHandle
+from tests.servers.process import accepts, kill_sessions
 from tests.support import IN_CI, free_port, require_binary, wait_until
 
 PASSWORD_USER = "ftpbc-sftp"
@@ -66,25 +66,12 @@ class SshdProcess:
 
     def _listening(self) -> bool:
         assert self.proc is not None
-        if self.proc.poll() is not None:
-            pytest.fail(f"sshd exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                return True
-        except OSError:
-            return False
+        return accepts(self.proc, self.port, "sshd", self.log)
 
     def drop_connections(self) -> None:
         """Kill every per-connection sshd (forked children of the listener); keep the listener."""
         assert self.proc is not None
-        children = psutil.Process(self.proc.pid).children(recursive=True)
-        for child in children:
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
-        wait_until(lambda: not any(_alive(c) for c in children), timeout=5,
-                   what="killed sshd connection processes to exit")
+        kill_sessions(self.proc, "sshd")
 
     def pause_connections(self) -> None:
         """SIGSTOP the per-connection processes: requests are accepted by TCP, never answered."""
@@ -125,14 +112,6 @@ def _die_with_parent() -> None:
     # without this the listener would outlive it, holding its port and temp directory.
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _alive(proc: psutil.Process) -> bool:
-    # A killed child stays a zombie until the listener reaps it; it holds no connection then.
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _keygen(path: Path, kind: str) -> Path:

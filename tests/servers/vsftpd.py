@@ -22,17 +22,17 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.servers.handle import ServerHandle
+from tests.servers.process import accepts, kill_sessions
 from tests.support import IN_CI, free_port, require_binary, wait_until
 
 #: user and PAM service names get a per-run suffix: parallel test runs must not reset each
@@ -62,28 +62,12 @@ class VsftpdProcess:
 
     def _listening(self) -> bool:
         assert self.proc is not None
-        if self.proc.poll() is not None:
-            pytest.fail(f"vsftpd exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                # Read the banner so the probe session ends cleanly instead of as an error.
-                s.recv(100)
-                return True
-        except OSError:
-            return False
+        return accepts(self.proc, self.port, "vsftpd", self.log, read_banner=True)
 
     def drop_connections(self) -> None:
         """Kill every per-session vsftpd process (children of the listener)."""
         assert self.proc is not None
-        children = psutil.Process(self.proc.pid).children(recursive=True)
-        for child in children:
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
-        # A dead process's sockets are closed before it is reaped (grandchildren are reaped by
-        # init, possibly late): wait for death, not for the zombie to go.
-        wait_until(lambda: all(_dead(c) for c in children), timeout=5, what="vsftpd sessions to die")
+        kill_sessions(self.proc, "vsftpd")
 
     def stop(self) -> None:
         if self.proc is None:
@@ -101,13 +85,6 @@ class VsftpdProcess:
     def restart(self) -> None:
         self.stop()
         self.start()
-
-
-def _dead(p: psutil.Process) -> bool:
-    try:
-        return p.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def _config(root: Path, workdir: Path, port: int, pam_service: str) -> str:
@@ -167,14 +144,39 @@ def vsftpd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHa
             pytest.fail(message)
         pytest.skip(message)
 
-    suffix = secrets.token_hex(3)
+    with running_vsftpd(binary, tmp_path_factory.mktemp("vsftpd")) as v:
+        yield ServerHandle(
+            kind="vsftpd",
+            root=v.root,
+            url=f"ftp://{v.user}@127.0.0.1:{v.server.port}/",
+            password=v.password,
+            controls={"drop_connections": v.server.drop_connections, "restart": v.server.restart},
+        )
+
+
+@dataclass
+class VsftpdInstance:
+    server: VsftpdProcess
+    user: str
+    password: str
+    root: Path
+
+
+@contextmanager
+def running_vsftpd(binary: str, workdir: Path, *, label: str = "test",
+                   process_class: type[VsftpdProcess] = VsftpdProcess) -> Iterator[VsftpdInstance]:
+    """A real vsftpd on a free loopback port, with its own login user, PAM service and root.
+
+    Used by the fixture and by the benchmarks; needs root.  Everything it creates (user, PAM
+    file, root directory) is removed on exit.
+    """
+    suffix = f"{label}-{secrets.token_hex(3)}"
     user = f"{USER_PREFIX}{suffix}"
-    pam_file = PAM_DIR / f"ftpbc-test-vsftpd-{suffix}"
-    workdir = tmp_path_factory.mktemp("vsftpd")
-    (workdir / "empty").mkdir(mode=0o755)
+    pam_file = PAM_DIR / f"ftpbc-vsftpd-{suffix}"
+    (workdir / "empty").mkdir(parents=True, exist_ok=True, mode=0o755)
     # Outside pytest's root-only temp tree: vsftpd changes into it as the unprivileged user.
     # It is also the user's home, which vsftpd enters before local_root.
-    root = Path(tempfile.mkdtemp(prefix="ftpbc-vsftpd-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix=f"ftpbc-{label}-vsftpd-", dir="/tmp"))
     server: VsftpdProcess | None = None
     try:
         # A login shell listed in /etc/shells, as PAM stacks with pam_shells require.
@@ -182,7 +184,7 @@ def vsftpd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHa
                         "--shell", "/bin/sh", user], check=True)
         password = secrets.token_urlsafe(12)
         # SHA-512 with few rounds: Debian's default (yescrypt) costs ~100 ms per login, and the
-        # tests log in often.  The password is random and lives for one test session.
+        # tests log in often.  The password is random and lives for one run.
         subprocess.run(["chpasswd", "--crypt-method", "SHA512", "--sha-rounds", "1000"],
                        input=f"{user}:{password}\n".encode(), check=True)
         # Our own PAM service: pam_unix without its 2 s delay after a failure (the wrong-password
@@ -195,15 +197,9 @@ def vsftpd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHa
         port = free_port()
         config = workdir / "vsftpd.conf"
         config.write_text(_config(root, workdir, port, pam_file.name))
-        server = VsftpdProcess(binary=binary, config=config, port=port, log=workdir / "stderr.log")
+        server = process_class(binary=binary, config=config, port=port, log=workdir / "stderr.log")
         server.start()
-        yield ServerHandle(
-            kind="vsftpd",
-            root=root,
-            url=f"ftp://{user}@127.0.0.1:{port}/",
-            password=password,
-            controls={"drop_connections": server.drop_connections, "restart": server.restart},
-        )
+        yield VsftpdInstance(server, user, password, root)
     finally:
         if server is not None:
             server.stop()
