@@ -209,9 +209,14 @@ class EndpointJournal:
             self._synced = target
 
     def end(self, op_id: str) -> None:
-        """The operation is complete; its records may be dropped."""
+        """The operation is complete; its records (and a side file of its result) may go."""
+        with self._lock:
+            op = self._pending.get(op_id)
+            side_file = op.fields.get("body_file") if op is not None else None
         self.record(op_id, "end")
-        self.drop_result(op_id)
+        if side_file:
+            # Only large results have a side file: no unlink attempt per message otherwise.
+            self.drop_result(side_file)
 
     def _maybe_compact(self) -> None:
         if not self._pending:
@@ -265,9 +270,9 @@ class EndpointJournal:
                 raise JournalError(f"{self.results_dir / fields['body_file']}: {exc.strerror}") from None
         return b""
 
-    def drop_result(self, op_id: str) -> None:
+    def drop_result(self, name: str) -> None:
         try:
-            (self.results_dir / op_id).unlink()
+            (self.results_dir / name).unlink()
         except FileNotFoundError:
             pass
 
