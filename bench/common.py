@@ -209,3 +209,27 @@ class CountingProxy:
     def close(self) -> None:
         self._closed = True
         self.listener.close()
+
+
+def measure(threads: list[threading.Thread], measuring: threading.Event, done: list[int],
+            stop_at: list[float], p: dict[str, Any]) -> float:
+    """Run ``threads`` through a warm-up, then a measured window; return the window's seconds.
+
+    The same window for ftpbc and its floor, so their figures compare: counting starts when
+    ``measuring`` is set, ends after ``p["requests"]`` completions or ``p["seconds"]``; then
+    ``stop_at[0] = 0`` tells the loops to stop and the threads are joined.
+    """
+    for t in threads:
+        t.start()
+    time.sleep(p.get("warmup", 0.5))  # a warm-up period, not a synchronisation
+    measuring.set()
+    began = time.perf_counter()
+    if "requests" in p:
+        wait_for(lambda: done[0] >= p["requests"], 600, "requests", interval=0.01)
+    else:
+        time.sleep(p["seconds"])
+    elapsed = time.perf_counter() - began
+    stop_at[0] = 0
+    for t in threads:
+        t.join()
+    return elapsed

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import Children, config, fill_inbox, peak_rss_mib, percentile, prepare_area, wait_for
+from common import Children, config, fill_inbox, measure, peak_rss_mib, percentile, prepare_area, wait_for
 
 EP = "b"
 
@@ -163,19 +163,7 @@ def reqresp(spec: dict[str, Any]) -> dict[str, Any]:
                             done[0] += 1
 
             threads = [threading.Thread(target=loop) for _ in range(p["clients"])]
-            for t in threads:
-                t.start()
-            time.sleep(p.get("warmup", 0.5))
-            measuring.set()
-            began = time.perf_counter()
-            if "requests" in p:
-                wait_for(lambda: done[0] >= p["requests"], 600, "requests", interval=0.01)
-            else:
-                time.sleep(p["seconds"])
-            elapsed = time.perf_counter() - began
-            stop_at[0] = 0
-            for t in threads:
-                t.join()
+            elapsed = measure(threads, measuring, done, stop_at, p)
     finally:
         nodes.finish()
     ms = [x * 1000 for x in latencies]

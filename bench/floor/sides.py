@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import MP, Children, fill_inbox, peak_rss_mib, percentile, prepare_area, wait_for
+from common import MP, Children, fill_inbox, measure, peak_rss_mib, percentile, prepare_area, wait_for
 from floor.lean import connect
 
 IN = {k: f"ex/in{k}" for k in ("box", "stage", "select", "archive")}
@@ -253,19 +253,7 @@ def reqresp(spec: dict[str, Any]) -> dict[str, Any]:
         nodes.go()
         request(conns[0])
         threads = [threading.Thread(target=loop, args=(c,)) for c in conns]
-        for t in threads:
-            t.start()
-        time.sleep(p.get("warmup", 0.5))
-        measuring.set()
-        began = time.perf_counter()
-        if "requests" in p:
-            wait_for(lambda: done[0] >= p["requests"], 600, "requests", interval=0.01)
-        else:
-            time.sleep(p["seconds"])
-        elapsed = time.perf_counter() - began
-        stop_at[0] = 0
-        for t in threads:
-            t.join()
+        elapsed = measure(threads, measuring, done, stop_at, p)
     finally:
         responses.close()
         for c in conns:
