@@ -60,11 +60,12 @@ TRANSIENT = [f"{d}{k}" for d in ("in", "out") for k in KINDS if k not in ("archi
 
 # ---------------------------------------------------------------------- the instrumented handler
 
-def _log_line(kind: str, uuid: str | None) -> None:
+def _log_line(kind: str, uuid: str | None, detail: str = "") -> None:
     path = os.environ.get(LOG_ENV)
     if not path:
         return
-    line = f"{kind} {uuid} {os.environ.get(NODE_ENV, '?')} {time.time():.6f}\n".encode()
+    node = os.environ.get(NODE_ENV, "?")
+    line = f"{kind} {uuid} {node} {time.time():.6f} {detail}".rstrip().encode() + b"\n"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, line)  # one write of a short line to an O_APPEND file: never interleaved
@@ -74,8 +75,9 @@ def _log_line(kind: str, uuid: str | None) -> None:
 
 def handler(message: Message) -> bytes:
     """``re:<body>``.  A body ``sleep:<seconds>:...`` makes the handler work that long first."""
-    _log_line("start", message.uuid)
     body = message.body
+    # The body read is logged, so a wrong answer can be traced to a torn read or a torn file.
+    _log_line("start", message.uuid, repr(body[:80]).replace(" ", "\\x20"))
     if body.startswith(b"sleep:"):
         time.sleep(float(body.split(b":")[1]))  # the handler's own work, not a synchronisation
     _log_line("return", message.uuid)
@@ -592,6 +594,8 @@ class ChaosResult:
     ledger: Ledger
     seconds: float
     final_recovery: dict[str, str]
+    #: :func:`forensics` of the first few lost, twice-answered and wrongly answered requests
+    evidence: dict[str, Any]
 
     def report(self) -> dict[str, Any]:
         return {"seconds": round(self.seconds, 1), "kills": self.nemesis.kills,
@@ -667,7 +671,30 @@ def run_chaos(cluster: Cluster, *, requests: int, nodes: int = 3, clients: int =
     for node_id in [p.node_id for p in procs] + [f"c{k}" for k in range(clients)]:
         r = run_cli(cluster, "recover", node_id=node_id)
         final[node_id] = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr.strip()
-    return ChaosResult(check(cluster, ledger), nemesis.log, ledger, time.monotonic() - started, final)
+    verdict = check(cluster, ledger)
+    evidence = forensics(cluster, ledger,
+                         verdict.lost[:5] + verdict.answered_twice[:5] + verdict.unexpected[:5])
+    return ChaosResult(verdict, nemesis.log, ledger, time.monotonic() - started, final, evidence)
+
+
+def forensics(cluster: Cluster, ledger: Ledger, uids: list[str]) -> dict[str, Any]:
+    """Everything known about ``uids``: what was sent and answered, every server file carrying
+    the uuid (with its first bytes), and the handler log lines, to tell a torn read from a torn
+    file when a run answers wrongly."""
+    out: dict[str, Any] = {}
+    dirs = [p for p in cluster.local().iterdir() if p.is_dir()] if cluster.local().is_dir() else []
+    logs = [line for path in cluster.handler_logs() if path.exists()
+            for line in path.read_text().splitlines()]
+    for uid in uids:
+        files = {}
+        for d in dirs:
+            for f in d.iterdir():
+                if uid in f.name:
+                    files[f"{d.name}/{f.name}"] = repr(f.read_bytes()[:80])
+        out[uid] = {"sent": repr(ledger.acknowledged.get(uid, ledger.indeterminate.get(uid))),
+                    "answers": [repr(a[:80]) for a in ledger.answers.get(uid, [])],
+                    "server_files": files, "handler_log": [ln for ln in logs if uid in ln]}
+    return out
 
 
 def dump(result: ChaosResult, path: Path) -> None:
@@ -677,6 +704,6 @@ def dump(result: ChaosResult, path: Path) -> None:
                         "answers": [repr(a) for a in led.answers.get(u, [])]} for u in uids[:5]]
                 for kind, uids in (("lost", v.lost), ("answered_twice", v.answered_twice),
                                    ("unexpected", v.unexpected)) if uids}
-    path.write_text(json.dumps({**result.report(), "examples": examples,
+    path.write_text(json.dumps({**result.report(), "examples": examples, "evidence": result.evidence,
                                 "final_recovery": result.final_recovery,
                                 "events": result.nemesis.events}, indent=2) + "\n")

@@ -38,9 +38,9 @@ def test_chaos(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Non
     assert result.nemesis.kills >= 5 and result.nemesis.server_restarts == 1
     assert result.nemesis.connection_cuts == 1
     assert v.requests >= REQUESTS
-    assert v.lost == [], f"lost: {v.lost[:5]} ({report})"
-    assert v.answered_twice == [], f"answered twice: {v.answered_twice[:5]}"
-    assert v.unexpected == [], f"unexpected: {v.unexpected[:5]}"
+    assert v.lost == [], f"lost: {v.lost[:5]} ({report}) evidence: {result.evidence}"
+    assert v.answered_twice == [], f"answered twice: {v.answered_twice[:5]} evidence: {result.evidence}"
+    assert v.unexpected == [], f"unexpected: {v.unexpected[:5]} evidence: {result.evidence}"
     assert v.rolled_back_present == []
     assert v.recorded_twice == [], "a handler ran again after its result was recorded"
     assert v.leftovers == {}, v.leftovers
