@@ -7,6 +7,10 @@ Real ``ftpbc serve`` processes against pyftpdlib, with a short lease (1.5 s, hea
 * a node that was only slow (SIGSTOPped inside its handler past the lease, so its heartbeat went
   stale) loses its claim to a live node, and when it wakes up it withholds its reply: exactly one
   response exists;
+* a node killed after committing a request, before exposing its response, and never restarted:
+  a live node exposes the staged response;
+* a staged response left by a dead node that never committed its request (it had lost its claim,
+  or died mid-upload: the file may be torn) is removed, never exposed over the real answer;
 * a response nobody collects within ``uncollected_after`` is archived as ``~uncollected``.
 """
 
@@ -104,6 +108,47 @@ def test_slow_node_past_the_lease_does_not_answer_twice(cluster: Cluster, checke
     [archived] = cluster.files("inarchive")
     assert archived.startswith(f"req.{uid}~live~")
     assert cluster.leftovers() == {} and cluster.pending() == {}
+
+
+def test_dead_nodes_committed_response_is_exposed(cluster: Cluster, checker: Client) -> None:
+    uid = checker.submit(ENDPOINT, b"committed")
+    dead = NodeProcess(cluster, "dead")
+    dead.start(crash_at="serve.after-commit")
+    assert dead.wait(30) == -9
+    assert cluster.files("outstage") == [f"resp.{uid}~dead"]
+    live = NodeProcess(cluster, "live")
+    live.start()
+    try:
+        assert checker.collect(ENDPOINT, uid, timeout=30) == b"re:committed"
+        assert f"exposed resp.{uid} staged by dead node dead" in _log(live)
+    finally:
+        assert live.stop() == 0
+    inv = read_invocations(cluster.handler_logs())
+    assert inv.starts[uid] == 1, "the committed result is delivered, the handler not run again"
+    [archived] = cluster.files("inarchive")
+    assert archived.startswith(f"req.{uid}~dead~")
+    assert cluster.leftovers() == {}
+
+
+def test_uncommitted_staged_response_of_a_dead_node_is_removed(cluster: Cluster, checker: Client) -> None:
+    uid = checker.submit(ENDPOINT, b"real")
+    live = NodeProcess(cluster, "live")
+    live.start()
+    try:
+        assert checker.collect(ENDPOINT, uid, timeout=30) == b"re:real"
+        # What a node that lost its claim and died mid-upload leaves: a torn reply, staged under
+        # its name, with no claim and no commit of its own (the request was archived by "live").
+        torn = cluster.local("outstage", f"resp.{uid}~ghost")
+        torn.write_bytes(b"re:re")
+        wait_until(lambda: not torn.exists(), timeout=30, what="the sweeper to deal with the torn reply")
+        assert "staged by dead node ghost, which never committed its request" in _log(live)
+    finally:
+        assert live.stop() == 0
+    assert cluster.files("outbox") == []
+    responses = [n for n in cluster.files("outarchive") if n.startswith(f"resp.{uid}")]
+    assert len(responses) == 1 and responses[0].startswith(f"resp.{uid}~checker~")
+    assert cluster.local("outarchive", responses[0]).read_bytes() == b"re:real"
+    assert cluster.leftovers() == {}
 
 
 def test_uncollected_response_is_archived(pyftpdlib_server: ServerHandle, tmp_path: Path) -> None:

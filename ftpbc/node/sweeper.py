@@ -2,8 +2,11 @@
 
 * Claims and stage files of dead nodes (no heartbeat younger than the lease): claims go back to
   their box; a staged request is removed (its sender never got an acknowledgement); a staged
-  response is exposed if its request was already committed (archived), removed if the request's
-  claim is still there to be served again.
+  response is exposed only if the dead node had committed its request (the request sits in
+  ``inarchive`` or ``inerror`` under that node's name), and removed otherwise.  Commit is the
+  only proof that the upload was complete: a node killed mid-upload leaves a torn file, and a
+  node that lost its claim (it looked dead, the request went to another node) leaves a reply
+  that must not replace the other node's.
 * Responses nobody collected within ``uncollected_after``: archived as ``~uncollected``.
 
 The sweep runs under the endpoint's file lock, whatever the endpoint's lock mode, so two nodes
@@ -18,7 +21,7 @@ from pathlib import Path
 
 from ftpbc.config.models import EndpointConfig
 from ftpbc.errors import NotFound, SourceGone
-from ftpbc.exchange import archive_name, split_claim
+from ftpbc.exchange import archive_name, parse_archive_name, split_claim
 from ftpbc.lifecycle import Exchange
 from ftpbc.node.heartbeat import is_dead
 from ftpbc.node.locks import PollLock
@@ -65,17 +68,25 @@ class Sweeper:
             if m is not None and m.uuid:
                 claimed_uuids[m.uuid] = claimed
         # Staged responses first: whether to expose one depends on its request's claim.
+        committers: dict[str, set[str]] | None = None
         for e in t.list(ex.area.dir("out", "stage")):
             name, owner = split_claim(e.name)
-            if not self._dead(owner, dead):
+            if owner is None or not self._dead(owner, dead):
                 continue
             uid = name[len(self.config.response_prefix):].removesuffix(".error")
             stage = ex.area.path("out", "stage", e.name)
             if uid in claimed_uuids and split_claim(claimed_uuids[uid])[1] == owner:
                 self._delete(stage, "staged response of an uncommitted request")
-            else:
+                continue
+            if committers is None:
+                # Listing the archives is costly, so only here: a dead node's response staged
+                # without its claim happens after crashes, not per message.
+                committers = self._committers()
+            if owner in committers.get(uid, ()):
                 ex.expose(stage, ex.area.path("out", "box", name))
                 log.info("%s: exposed %s staged by dead node %s", self.endpoint, name, owner)
+            else:
+                self._delete(stage, f"staged by dead node {owner}, which never committed its request")
         for direction in ("in", "out"):
             select = inselect if direction == "in" else {e.name for e in t.list(ex.area.dir("out", "select"))}
             for claimed in select:
@@ -92,6 +103,19 @@ class Sweeper:
             if self._dead(split_claim(e.name)[1], dead):
                 self._delete(ex.area.path("in", "stage", e.name), "staged request of a dead sender")
         self._archive_uncollected()
+
+    def _committers(self) -> dict[str, set[str]]:
+        """uuid -> the nodes that committed a request with that uuid (archived it, or filed it
+        as an error)."""
+        ex = self.exchange
+        out: dict[str, set[str]] = {}
+        for kind in ("archive", "error"):
+            for e in ex.transport.list(ex.area.dir("in", kind)):
+                name, node, _ = parse_archive_name(e.name)
+                m = self.request_pattern.match(name)
+                if m is not None and m.uuid and node:
+                    out.setdefault(m.uuid, set()).add(node)
+        return out
 
     def _archive_uncollected(self) -> None:
         ex, t = self.exchange, self.exchange.transport
