@@ -103,14 +103,16 @@ class _ResponsePoller:
     def _reclaim(self, wanted: set[str]) -> None:
         """Finish the claims a failed poll left in outselect (its claim, read, archive or unclaim
         failed): no other node returns them, since this node is alive, and no listing of outbox
-        finds them again.  Delivered when still awaited, else returned to outbox."""
+        finds them again.  Archived when already delivered, delivered when still awaited, else
+        returned to outbox."""
         ex = self.exchange
         for op in ex.journal.pending():
             if op.kind != "claim" or not op.op_id.endswith(".collect"):
                 continue
-            uid = op.op_id.removesuffix(".collect")
-            claimed = Claimed("out", op.fields["src"].rsplit("/", 1)[-1], op.fields["dst"], op.op_id, uid, 0)
-            if uid in wanted:
+            claimed = ex.collect_claim(op)
+            if "delivered" in op.events:
+                ex.finish_collect(claimed)
+            elif claimed.uuid in wanted:
                 self._deliver(claimed)
             else:
                 ex.unclaim(claimed)
@@ -132,12 +134,26 @@ class _ResponsePoller:
         from ftpbc.faults import crash_point
 
         crash_point("collect.after-read")
-        self.exchange.finish_collect(claimed)
         assert claimed.uuid is not None
         with self._cv:
             fut = self._waiters.pop(claimed.uuid, None)
-        if fut is not None:
-            fut.set_result((buf.getvalue(), claimed.name.endswith(ERROR_REPLY_SUFFIX)))
+        if fut is None:
+            # The caller gave up meanwhile: leave the response for a later collect of its UUID.
+            self.exchange.unclaim(claimed)
+            return
+        result = (buf.getvalue(), claimed.name.endswith(ERROR_REPLY_SUFFIX))
+        try:
+            self.exchange.finish_collect(claimed)
+        except FtpbcError as exc:
+            # The answer is in hand: a failed archive rename (its reply lost, say) must not cost
+            # the caller its response.  Marked delivered only once handed over, so a crash before
+            # that still returns the response to the outbox; the next poll archives it.
+            log.warning("%s: read %s but could not archive it yet: %s", self.endpoint, claimed.name, exc)
+            fut.set_result(result)
+            self._stranded = True
+            self.exchange.mark_delivered(claimed)
+            return
+        fut.set_result(result)
 
     def close(self) -> None:
         with self._cv:
@@ -147,6 +163,13 @@ class _ResponsePoller:
             self._waiters.clear()
             self._cv.notify_all()
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            # Tidy what a failed poll left claimed (delivered responses archived, the rest
+            # returned to outbox); what fails here is finished by the next start's recovery.
+            try:
+                self._reclaim(set())
+            except FtpbcError as exc:
+                log.warning("%s: claimed responses left for recovery: %s", self.endpoint, exc)
 
 
 class Client:

@@ -40,7 +40,7 @@ from ftpbc.exchange import (
     claim_name,
 )
 from ftpbc.faults import crash_point
-from ftpbc.journal import EndpointJournal
+from ftpbc.journal import EndpointJournal, Operation
 from ftpbc.transport.base import Transport
 
 log = logging.getLogger("ftpbc.lifecycle")
@@ -306,6 +306,18 @@ class Exchange:
         return False
 
     # ------------------------------------------------------------------ client: collecting
+
+    def collect_claim(self, op: Operation) -> Claimed:
+        """The response claim a pending ``collect`` operation made (for reclaim and recovery)."""
+        name = op.fields["src"].rsplit("/", 1)[-1]
+        return Claimed("out", name, op.fields["dst"], op.op_id, op.op_id.removesuffix(".collect"), 0)
+
+    def mark_delivered(self, claimed: Claimed) -> None:
+        """Note that a response was handed to its caller but is not archived yet; from now on
+        reclaim and recovery archive it rather than return it to the outbox.  Not fsynced:
+        after a machine crash the response goes back to the outbox and a later collect delivers
+        it again (at least once)."""
+        self.journal.record(claimed.op_id, "delivered")
 
     def finish_collect(self, claimed: Claimed) -> None:
         """Archive (or delete) a response that has been read, and end its operation."""

@@ -8,7 +8,8 @@ Every pending operation is decided by its last durable record plus a few ``stat`
     exposed and has already been claimed).
 ``claim`` (a file claimed into a select directory, not yet handled)
     returned to its box for any node to take (requests to ``inbox``, responses to ``outbox``,
-    where ``Client.collect`` finds them).
+    where ``Client.collect`` finds them); a response already handed to its caller
+    (``delivered``) is archived instead.
 ``served`` (the handler returned; its result is in the journal)
     finished by :meth:`Exchange.finish_served`, the very code a live node runs: the handler is
     never called again.
@@ -121,6 +122,9 @@ def _recover_op(ex: Exchange, op: Operation) -> str:
         ex.journal.end(op.op_id)
         return outcome
     if op.kind == "claim":
+        if "delivered" in op.events:
+            ex.finish_collect(ex.collect_claim(op))
+            return "response had been delivered: archived"
         return return_claim(t, ex.journal, op)
     ex.journal.end(op.op_id)
     return f"unknown operation {op.kind!r} dropped"
