@@ -62,6 +62,9 @@ class DropArchives(EmbeddedFTPServer):
     """pyftpdlib that, while ``dropping`` is set, closes the control connection on every RNTO
     into ``outarchive`` without renaming: a client cannot archive the responses it read."""
 
+    dropping: threading.Event
+    drops: int
+
     def _handler_class(self, *args: Any) -> type[FTPHandler]:
         base = super()._handler_class(*args)
         dropping = self.dropping = threading.Event()
@@ -124,7 +127,8 @@ def test_commit_rename_whose_reply_is_lost_is_retried_not_withheld(server: DropF
 
 def test_response_read_then_archive_reply_lost_is_still_delivered(tmp_path: Path) -> None:
     (tmp_path / "root").mkdir()
-    server = ArchiveThenDrop(tmp_path / "root", password="pw").start()
+    server = ArchiveThenDrop(tmp_path / "root", password="pw")
+    server.start()
     config = _config(server.port, tmp_path)
     node = Node(config.with_node_id("prov"), handlers={"echo": lambda m: b"re:" + m.body})
     node.start()
@@ -146,7 +150,8 @@ def test_response_read_then_archive_reply_lost_is_still_delivered(tmp_path: Path
 
 def test_delivered_response_is_archived_by_recovery_not_returned(tmp_path: Path) -> None:
     (tmp_path / "root").mkdir()
-    server = DropArchives(tmp_path / "root", password="pw").start()
+    server = DropArchives(tmp_path / "root", password="pw")
+    server.start()
     config = _config(server.port, tmp_path)
     root = tmp_path / "root" / "ex" / "echo"
     node = Node(config.with_node_id("prov"), handlers={"echo": lambda m: b"re:" + m.body})
