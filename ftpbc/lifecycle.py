@@ -143,9 +143,10 @@ class Exchange:
     def send(self, direction: Direction, name: str, body: Body, *, op_id: str, kind: str) -> str:
         """Stage ``body`` under ``name`` and expose it in the box; return the exposed path.
 
+        ``kind`` is ``request`` or ``oneway``: responses are never sent this way (they are
+        staged and exposed by :meth:`finish_served`, whose commit proves the upload complete).
         On return the file is visible, complete, in ``<direction>box``.  If this raises, the
-        journal still holds the intent and recovery rolls it back (requests) or forward
-        (responses).
+        journal still holds the intent and recovery rolls it back.
         """
         stage = self.area.path(direction, "stage", claim_name(name, self.node_id))
         target = self.area.path(direction, "box", name)
@@ -156,16 +157,13 @@ class Exchange:
         crash_point("send.after-intent")
         self.transport.put(stage, _stream(body))
         crash_point("send.after-put")
-        if kind == "response":
-            self.expose(stage, target)
-        else:
-            try:
-                self._rename_resolving(stage, target)
-            except SourceGone:
-                # A sweeper removed our staged file, judging this node dead (its heartbeat was
-                # older than the lease).  The message was never exposed: say so.
-                self.journal.end(op_id)
-                raise
+        try:
+            self._rename_resolving(stage, target)
+        except SourceGone:
+            # A sweeper removed our staged file, judging this node dead (its heartbeat was
+            # older than the lease).  The message was never exposed: say so.
+            self.journal.end(op_id)
+            raise
         crash_point("send.after-expose")
         self.journal.end(op_id)
         return target

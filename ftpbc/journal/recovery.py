@@ -2,10 +2,10 @@
 
 Every pending operation is decided by its last durable record plus a few ``stat`` calls:
 
-``send`` (a request, one-way message or response being staged and exposed)
-    target exists -> done; stage exists -> requests and one-way messages are rolled back (the
-    sender never got an acknowledgement), responses rolled forward; neither -> done (it was
-    exposed and has already been claimed).
+``send`` (a request or one-way message being staged and exposed)
+    target exists -> done; stage exists -> rolled back (the sender never got an
+    acknowledgement, and the staged file may be torn); neither -> done (it was exposed and has
+    already been claimed).
 ``claim`` (a file claimed into a select directory, not yet handled)
     returned to its box for any node to take (requests to ``inbox``, responses to ``outbox``,
     where ``Client.collect`` finds them); a response already handed to its caller
@@ -104,19 +104,15 @@ def _recover_op(ex: Exchange, op: Operation) -> str:
             return "finished: recorded result delivered, handler not run again"
         return "claim had been returned by another node; reply withheld"
     if op.kind == "send":
-        stage, target, kind = f["stage"], f["target"], f.get("kind", "request")
+        stage, target = f["stage"], f["target"]
         if t.exists(target):
             outcome = "already exposed"
         elif t.exists(stage):
-            if kind == "response":
-                ex.expose(stage, target)
-                outcome = "rolled forward: exposed"
-            else:
-                try:
-                    t.delete(stage)
-                except NotFound:
-                    pass
-                outcome = "rolled back: staged file removed, never exposed"
+            try:
+                t.delete(stage)
+            except NotFound:
+                pass
+            outcome = "rolled back: staged file removed, never exposed"
         else:
             outcome = "already exposed and taken"
         ex.journal.end(op.op_id)
