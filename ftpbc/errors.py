@@ -141,6 +141,14 @@ class ProtocolError(TransportError):
     """The server answered something this client cannot interpret."""
 
 
+class IncompleteRead(TransportError):
+    """A read ended with a byte count other than the size the listing gave.
+
+    The server reported success, so the transfer looked complete; a message in a box never
+    changes size, so the data cannot be trusted.  Nothing was changed on the server.
+    """
+
+
 # --------------------------------------------------------------------------- messaging
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import BinaryIO
 
-from ftpbc.errors import NotFound, OutcomeUnknown, SourceGone
+from ftpbc.errors import IncompleteRead, NotFound, OutcomeUnknown, SourceGone
 from ftpbc.exchange import (
     ERROR_REPLY_SUFFIX,
     REASON_SUFFIX,
@@ -48,6 +48,10 @@ log = logging.getLogger("ftpbc.lifecycle")
 Body = bytes | BinaryIO
 
 
+#: ``Claimed.size`` of a claim found in the journal rather than in a listing
+UNKNOWN_SIZE = -1
+
+
 @dataclass(frozen=True)
 class Claimed:
     """A file this node claimed into a select directory."""
@@ -57,7 +61,7 @@ class Claimed:
     path: str  # where it is now, e.g. /q/inselect/req.<uuid>~node-a
     op_id: str
     uuid: str | None
-    size: int
+    size: int  # as listed, or UNKNOWN_SIZE
 
 
 def op_id_for(uuid: str | None, role: str) -> str:
@@ -204,7 +208,18 @@ class Exchange:
         return claimed, len(plan) - len(claimed)
 
     def read(self, claimed: Claimed, sink: BinaryIO) -> int:
-        return self.transport.get(claimed.path, sink)
+        """Read a claimed file into ``sink``; return its size.
+
+        Raises IncompleteRead when the byte count differs from the listed size (``claimed.size``
+        unless it is ``UNKNOWN_SIZE``): files are complete when they enter a box and never change
+        there, so a short read is a transfer fault even if the server said it succeeded, and a
+        handler must not see half a message.
+        """
+        got = self.transport.get(claimed.path, sink)
+        if claimed.size != UNKNOWN_SIZE and got != claimed.size:
+            raise IncompleteRead(f"read {got} bytes of a file listed with {claimed.size}",
+                                 server=self.transport.server, path=claimed.path)
+        return got
 
     def unclaim(self, claimed: Claimed) -> None:
         """Put a claimed file back in its box for anyone to take (a failed read, a shutdown)."""
@@ -308,7 +323,8 @@ class Exchange:
     def collect_claim(self, op: Operation) -> Claimed:
         """The response claim a pending ``collect`` operation made (for reclaim and recovery)."""
         name = op.fields["src"].rsplit("/", 1)[-1]
-        return Claimed("out", name, op.fields["dst"], op.op_id, op.op_id.removesuffix(".collect"), 0)
+        return Claimed("out", name, op.fields["dst"], op.op_id, op.op_id.removesuffix(".collect"),
+                       UNKNOWN_SIZE)
 
     def mark_delivered(self, claimed: Claimed) -> None:
         """Note that a response was handed to its caller but is not archived yet; from now on

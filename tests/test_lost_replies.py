@@ -1,6 +1,7 @@
 """A reply lost in the middle of the serve or collect path (the server drops the connection after
 the command arrived, before answering) must not be taken for a failure, nor for a lost claim, and
-must not cost the caller a response it has read."""
+must not cost the caller a response it has read.  A transfer the server cuts short while reporting
+success must not reach a handler."""
 
 from __future__ import annotations
 
@@ -78,6 +79,27 @@ class DropArchives(EmbeddedFTPServer):
                     self.close()
                     return None
                 return super().ftp_RNTO(path)
+
+        return Handler
+
+
+class ShortFirstRequestRead(EmbeddedFTPServer):
+    """pyftpdlib that answers the first RETR of a claimed request with only its first 3 bytes,
+    and still replies 226 (transfer complete)."""
+
+    def _handler_class(self, *args: Any) -> type[FTPHandler]:
+        base = super()._handler_class(*args)
+        fired = self.fired = threading.Event()
+
+        class Handler(base):  # type: ignore[valid-type,misc]
+            def ftp_RETR(self, file: str) -> Any:
+                if "/inselect/req." in file and not fired.is_set():
+                    fired.set()
+                    short = file + ".short"
+                    with open(file, "rb") as src, open(short, "wb") as dst:
+                        dst.write(src.read(3))
+                    return super().ftp_RETR(short)
+                return super().ftp_RETR(file)
 
         return Handler
 
@@ -175,3 +197,26 @@ def test_delivered_response_is_archived_by_recovery_not_returned(tmp_path: Path)
     assert [p.name.split("~")[0] for p in (root / "outarchive").iterdir()] == [
         p.name.replace("req.", "resp.").split("~")[0] for p in (root / "inarchive").iterdir()]
     assert Journal.read_pending(tmp_path / "journals", "cli") == {}
+
+
+def test_request_read_short_with_success_reply_never_reaches_the_handler(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()
+    server = ShortFirstRequestRead(tmp_path / "root", password="pw")
+    server.start()
+    config = _config(server.port, tmp_path)
+    bodies: list[bytes] = []
+
+    def handler(message: Message) -> bytes:
+        bodies.append(message.body)
+        return b"re:" + bodies[-1]
+
+    node = Node(config.with_node_id("prov"), handlers={"echo": handler})
+    node.start()
+    try:
+        with Client(config.with_node_id("cli")) as client:
+            assert client.request("echo", b"the whole body", timeout=20) == b"re:the whole body"
+    finally:
+        assert node.stop() is True
+        server.stop()
+    assert server.fired.is_set(), "the fault was never injected"
+    assert bodies == [b"the whole body"], "the short read was returned to the inbox, not handled"
