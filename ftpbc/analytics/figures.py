@@ -27,7 +27,8 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ftpbc.analytics.records import PARSED_FIELDS, RAW_FIELDS, UNCOLLECTED, ddl, parse_rows
+from ftpbc.analytics.listing import Input
+from ftpbc.analytics.records import PARSED_FIELDS, UNCOLLECTED, ddl
 
 PERCENTILES = (0.5, 0.95, 0.99)
 KEY = ["endpoint", "folder", "name"]
@@ -63,75 +64,79 @@ def session(master: str = "local[*]", app: str = "ftpbc-aggregate",
     return spark
 
 
-def read_local_folder(spark: SparkSession, path: str, endpoint: str, folder: str) -> DataFrame:
-    """Raw records of a local archive folder, listed by Spark itself (no file is opened)."""
-    df = spark.read.format("binaryFile").load(path)
-    return df.select(
-        F.lit(endpoint).alias("endpoint"), F.lit(folder).alias("folder"),
-        F.element_at(F.split(F.col("path"), "/"), -1).alias("name"),
-        F.col("length").alias("size"),
-        F.unix_micros(F.col("modificationTime")).alias("mtime_us"),
-        F.lit(1000).cast("long").alias("mtime_prec_us"))
+def read_inputs(spark: SparkSession, inputs: Sequence[Input], namings: Mapping[str, Mapping[str, str]],
+                staging: Path) -> DataFrame:
+    """Parsed records of every input, as one DataFrame over one Parquet dataset (see ``listing``).
+
+    One Spark job lists or reads all inputs at once, one task per input, so folders are listed
+    in parallel and names are parsed where they are listed; only a count per input comes back.
+    """
+    from ftpbc.analytics.listing import run_inputs
+
+    schema = ddl(PARSED_FIELDS)
+    if not inputs:
+        return spark.createDataFrame([], schema)
+    fn = partial(run_inputs, namings={k: dict(v) for k, v in namings.items()}, staging=str(staging))
+    counts = (spark.sparkContext.parallelize(list(enumerate(inputs)), numSlices=len(inputs))
+              .mapPartitions(fn).collect())
+    if not any(n for _, n in counts):
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).parquet(str(staging))
 
 
-def read_mirror(spark: SparkSession, parts: Sequence[str]) -> DataFrame | None:
-    if not parts:
-        return None
-    return spark.read.schema(ddl(RAW_FIELDS)).json(list(parts))
-
-
-def read_compacted(spark: SparkSession, path: Path, endpoints: Sequence[str]) -> DataFrame | None:
-    """Metadata of compacted messages (never their bodies: Parquet reads only these columns)."""
-    if not path.is_dir() or not any(path.glob("endpoint=*")):
-        return None
-    from ftpbc.analytics.compact import COMPACTED_FIELDS
-
-    df = spark.read.schema(ddl(COMPACTED_FIELDS)).parquet(str(path))
-    return df.filter(F.col("endpoint").isin(list(endpoints))).select(*[n for n, _ in RAW_FIELDS])
-
-
-def parse(raw: DataFrame, namings: Mapping[str, Mapping[str, str]]) -> DataFrame:
-    """Raw records, de-duplicated, parsed by ftpbc's own name parser in Spark's Python workers."""
-    # mapPartitions rather than mapInArrow: the latter requires pandas, which ftpbc does not need.
-    fn = partial(_parse_partition, namings={k: dict(v) for k, v in namings.items()})
-    rdd = raw.dropDuplicates(KEY).rdd.mapPartitions(fn)
-    return raw.sparkSession.createDataFrame(rdd, ddl(PARSED_FIELDS))
-
-
-def _parse_partition(rows: Any, namings: Mapping[str, Mapping[str, str]]) -> Any:
-    return parse_rows((r.asDict() for r in rows), namings)
+def compacted_inputs(path: Path, endpoints: Sequence[str]) -> list[Input]:
+    """The compacted dataset's parts of these endpoints (``<path>/endpoint=<e>/day=<d>/part-*``)."""
+    return [Input("compacted", str(p), endpoint=e)
+            for e in endpoints for p in sorted((path / f"endpoint={e}").glob("day=*/part-*.parquet"))]
 
 
 def _pct(col: Column) -> Column:
     return F.percentile(col, list(PERCENTILES))
 
 
-def pairs(parsed: DataFrame, window: Window) -> DataFrame:
-    """One row per request, with its reply (if any), T0, bucket, latency and service time."""
-    req = (parsed.filter((F.col("kind") == "request") & F.col("folder").isin("inarchive", "inerror"))
-           .withColumn("t0_us", F.coalesce("name_time_us", "mtime_us"))
-           .withColumn("t0_prec_us", F.when(F.col("name_time_us").isNotNull(), F.col("name_prec_us"))
-                       .otherwise(F.col("mtime_prec_us")))
-           .groupBy("endpoint", "uuid").agg(
-               F.min("t0_us").alias("t0_us"), F.max("t0_prec_us").alias("t0_prec_us"),
-               F.max(F.col("name_time_us").isNotNull()).alias("t0_from_name"),
-               F.max(F.col("folder") == "inerror").alias("failed"),
-               F.min("stamp_us").alias("served_us"), F.min_by("node", "stamp_us").alias("server_node"),
-               F.min("name").alias("request_name"), F.sum("size").alias("request_bytes")))
-    collected = (F.col("folder") == "outarchive") & (F.col("node") != UNCOLLECTED)
-    rep = (parsed.filter(F.col("kind").isin("response", "error_reply")
-                         & F.col("folder").isin("outarchive", "outerror"))
-           .groupBy("endpoint", "uuid").agg(
-               F.lit(True).alias("replied"),
-               F.max((F.col("kind") == "response") & (F.col("folder") == "outarchive")).alias("has_response"),
-               F.max(F.col("kind") == "error_reply").alias("has_error_reply"),
-               F.max(F.col("folder") == "outerror").alias("unreadable"),
-               F.max(F.col("node") == UNCOLLECTED).alias("swept"),
-               F.min(F.when(collected, F.col("stamp_us"))).alias("collected_us"),
-               F.min_by(F.when(collected, F.col("node")), F.when(collected, F.col("stamp_us")))
-               .alias("collector_node"),
-               F.sum("size").alias("response_bytes")))
-    j = req.join(rep, ["endpoint", "uuid"], "left")
+def pairs(parsed: DataFrame, window: Window, *, dedupe: bool = True) -> DataFrame:
+    """One row per request, with its reply (if any), T0, bucket, latency and service time.
+
+    Requests and their replies share (endpoint, uuid), so one grouping on that key pairs them:
+    one shuffle, where a group per side and a join took three.  Reply columns are null for a
+    request without a reply, as a left join would leave them.  ``dedupe`` drops records seen
+    twice (the mirror after a crash, a file both compacted and still listed); the repartition on
+    the grouping key lets the de-duplication and the grouping share that one shuffle.
+    """
+    is_req = (F.col("kind") == "request") & F.col("folder").isin("inarchive", "inerror")
+    is_rep = F.col("kind").isin("response", "error_reply") & F.col("folder").isin("outarchive", "outerror")
+    rel = parsed.filter(is_req | is_rep)
+    if dedupe:
+        rel = rel.repartition("endpoint", "uuid").dropDuplicates(["endpoint", "uuid", *KEY[1:]])
+
+    def req(c: Column) -> Column:
+        return F.when(is_req, c)
+
+    def rep(c: Column) -> Column:
+        return F.when(is_rep, c)
+
+    collected = is_rep & (F.col("folder") == "outarchive") & (F.col("node") != UNCOLLECTED)
+    j = (rel.groupBy("endpoint", "uuid").agg(
+        F.max(is_req).alias("has_request"),
+        F.min(req(F.coalesce("name_time_us", "mtime_us"))).alias("t0_us"),
+        F.max(req(F.when(F.col("name_time_us").isNotNull(), F.col("name_prec_us"))
+                  .otherwise(F.col("mtime_prec_us")))).alias("t0_prec_us"),
+        F.max(req(F.col("name_time_us").isNotNull())).alias("t0_from_name"),
+        F.max(req(F.col("folder") == "inerror")).alias("failed"),
+        F.min(req(F.col("stamp_us"))).alias("served_us"),
+        F.min_by(req(F.col("node")), req(F.col("stamp_us"))).alias("server_node"),
+        F.min(req(F.col("name"))).alias("request_name"),
+        F.sum(req(F.col("size"))).alias("request_bytes"),
+        F.when(F.max(is_rep), F.lit(True)).alias("replied"),
+        F.max(rep((F.col("kind") == "response") & (F.col("folder") == "outarchive"))).alias("has_response"),
+        F.max(rep(F.col("kind") == "error_reply")).alias("has_error_reply"),
+        F.max(rep(F.col("folder") == "outerror")).alias("unreadable"),
+        F.max(rep(F.col("node") == UNCOLLECTED)).alias("swept"),
+        F.min(F.when(collected, F.col("stamp_us"))).alias("collected_us"),
+        F.min_by(F.when(collected, F.col("node")), F.when(collected, F.col("stamp_us")))
+        .alias("collector_node"),
+        F.sum(rep(F.col("size"))).alias("response_bytes"))
+        .filter(F.col("has_request")).drop("has_request"))
     if window.since_us is not None:
         j = j.filter(F.col("t0_us") >= window.since_us)
     if window.until_us is not None:
@@ -149,7 +154,7 @@ def _int(cond: Column) -> Column:
 
 
 def by_bucket(p: DataFrame) -> DataFrame:
-    """Figures per endpoint and bucket, ordered."""
+    """Figures per endpoint and bucket (unordered: :func:`to_rows` sorts the few rows on the driver)."""
     replied = F.coalesce(F.col("replied"), F.lit(False))
     g = p.groupBy("endpoint", "bucket").agg(
         F.count(F.lit(1)).alias("requests"),
@@ -172,7 +177,7 @@ def by_bucket(p: DataFrame) -> DataFrame:
         *[F.col("svc")[i].alias(f"service_{n}_ms") for n, i in pct], "service_max_ms",
         F.when(F.col("all_named"), "name").when(F.col("any_named"), "name+mtime").otherwise("mtime")
         .alias("t0_source"),
-        "t0_precision_ms").orderBy("endpoint", "bucket")
+        "t0_precision_ms")
 
 
 def by_node(p: DataFrame) -> DataFrame:
@@ -191,18 +196,27 @@ def by_node(p: DataFrame) -> DataFrame:
         F.coalesce("collected", F.lit(0)).cast("long").alias("collected"),
         F.col("svc")[0].alias("service_p50_ms"), F.col("svc")[1].alias("service_p95_ms"),
         F.col("lat")[0].alias("latency_p50_ms"), F.col("lat")[1].alias("latency_p95_ms"),
-    ).orderBy("endpoint", "bucket", "node")
+    )
 
 
 def unanswered(p: DataFrame) -> DataFrame:
-    """The requests (partner files) that never got a reply."""
+    """The requests (partner files) that never got a reply, in one partition, by endpoint and time.
+
+    One sorted partition rather than ``orderBy``: a global sort costs a sampling job of its own,
+    and the unanswered requests are a small part of the archive.
+    """
     return (p.filter(F.col("replied").isNull())
             .select("endpoint", "bucket", F.col("request_name").alias("name"), "uuid",
                     F.timestamp_micros("t0_us").alias("submitted"), F.col("server_node").alias("node"),
                     "failed")
-            .orderBy("endpoint", "submitted"))
+            .coalesce(1).sortWithinPartitions("endpoint", "submitted"))
 
 
-def to_rows(df: DataFrame) -> list[dict[str, Any]]:
-    """A small result (figures) as Python rows on the driver."""
-    return [r.asDict() for r in df.collect()]
+def to_rows(df: DataFrame, order: Sequence[str]) -> list[dict[str, Any]]:
+    """A small result (figures) as Python rows on the driver, sorted on ``order`` (nulls first).
+
+    Sorted here, not by Spark: a Spark sort is one more job, for a few hundred rows.
+    """
+    rows = [r.asDict() for r in df.collect()]
+    rows.sort(key=lambda r: tuple((r[k] is not None, r[k]) for k in order))
+    return rows

@@ -9,19 +9,21 @@ Runnable as ``ftpbc aggregate ...`` or ``spark-submit ftpbc/analytics/job.py ...
     chart.png                       requests and latency percentiles over time
     mirror/                         the incremental listing mirror of FTP/SFTP areas (a cache)
 
-Routes: a ``file://`` area is listed by Spark itself; FTP, FTPS and SFTP areas are listed by
-ftpbc's transport into the mirror, which Spark reads with an explicit schema.  Either way no
-server credential reaches Spark: it only ever sees local paths and names.
+Routes: a ``file://`` area is listed by Spark's Python workers (``listing``); FTP, FTPS and SFTP
+areas are listed by ftpbc's transport into the mirror, whose parts the workers read.  Either way
+no server credential reaches Spark: it only ever sees local paths and names.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+import shutil
 import sys
+import uuid as uuidlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import reduce
 from pathlib import Path
 from typing import Any
 
@@ -83,51 +85,59 @@ def run(opts: Options, spark: Any = None) -> Result:
     """The whole aggregation; ``spark`` reuses a session (tests), else one is built from ``--master``."""
     from ftpbc.analytics import figures as fg
     from ftpbc.analytics.chart import draw
+    from ftpbc.analytics.listing import Input
     from ftpbc.analytics.mirror import part_files, update_mirror
 
     window = fg.Window(parse_bucket(opts.bucket),
                        parse_time(opts.since, "--since") if opts.since else None,
                        parse_time(opts.until, "--until") if opts.until else None)
+    # One source per endpoint: "--endpoint q --endpoint q" must not count q twice.
+    sources = list({s.endpoint: s for s in opts.sources}.values())
     mirror_root = opts.mirror or opts.out / "mirror"
-    direct = [s for s in opts.sources if s.server.scheme == "file" and opts.route == "auto"]
-    mirrored = [s for s in opts.sources if s not in direct]
+    direct = [s for s in sources if s.server.scheme == "file" and opts.route == "auto"]
+    mirrored = [s for s in sources if s not in direct]
     stats_new = 0
     if mirrored:
         stats = update_mirror(mirror_root, mirrored, progress=opts.progress)
         stats_new = stats.new
-    if spark is None:
-        spark = fg.session(opts.master, extra=opts.spark_conf)
-    frames = []
+    inputs: list[Input] = []
     for s in direct:
         for folder in ARCHIVE_FOLDERS:
             local = Path(s.server.base) / s.folder_path(folder).lstrip("/")
             if local.is_dir() and any(local.iterdir()):
-                frames.append(fg.read_local_folder(spark, str(local), s.endpoint, folder))
-    m = fg.read_mirror(spark, part_files(mirror_root, mirrored))
-    if m is not None:
-        frames.append(m)
-    compacted = fg.read_compacted(spark, opts.compacted or opts.out / "compacted",
-                                  [s.endpoint for s in opts.sources])
-    if compacted is not None:
-        frames.append(compacted)
-    if not frames:
-        raise ConfigError("no archive folder found for endpoints "
-                          + ", ".join(s.endpoint for s in opts.sources))
-    raw = reduce(lambda a, b: a.unionByName(b), frames)
-    parsed = fg.parse(raw, {s.endpoint: s.naming() for s in opts.sources})
-    pairs = fg.pairs(parsed, window).cache()
+                inputs.append(Input("dir", str(local), endpoint=s.endpoint, folder=folder))
+    inputs += [Input("mirror", p) for p in part_files(mirror_root, mirrored)]
+    compacted = fg.compacted_inputs(opts.compacted or opts.out / "compacted", [s.endpoint for s in sources])
+    if not inputs and not compacted:
+        raise ConfigError("no archive folder found for endpoints " + ", ".join(s.endpoint for s in sources))
+    # Only the mirror (a crash between a part and its names) and a file both compacted and
+    # still on the server can yield a record twice; a single listing of a folder cannot.
+    dedupe = bool(compacted) or any(i.kind == "mirror" for i in inputs)
+    if spark is None:
+        spark = fg.session(opts.master, extra=opts.spark_conf)
+    staging = opts.out / ".listing" / uuidlib.uuid4().hex[:12]
     try:
-        rows = fg.to_rows(fg.by_bucket(pairs))
-        nodes = fg.to_rows(fg.by_node(pairs))
-        opts.out.mkdir(parents=True, exist_ok=True)
-        _write_small(rows, opts.out / "figures")
-        _write_small(nodes, opts.out / "nodes")
-        un = fg.unanswered(pairs)
-        un.write.mode("overwrite").parquet(str(opts.out / "unanswered"))
-        un.write.mode("overwrite").option("header", True).csv(str(opts.out / "unanswered_csv"))
-        n_un = sum(r["unanswered"] for r in rows)
+        parsed = fg.read_inputs(spark, [*inputs, *compacted], {s.endpoint: s.naming() for s in sources},
+                                staging)
+        pairs = fg.pairs(parsed, window, dedupe=dedupe).cache()
+        try:
+            rows = fg.to_rows(fg.by_bucket(pairs), ["endpoint", "bucket"])
+            nodes = fg.to_rows(fg.by_node(pairs), ["endpoint", "bucket", "node"])
+            opts.out.mkdir(parents=True, exist_ok=True)
+            _write_small(rows, opts.out / "figures")
+            _write_small(nodes, opts.out / "nodes")
+            fg.unanswered(pairs).write.mode("overwrite").parquet(str(opts.out / "unanswered"))
+            # The CSV from the Parquet just written (one sorted file): no second pass over pairs.
+            (spark.read.parquet(str(opts.out / "unanswered")).write.mode("overwrite")
+             .option("header", True).csv(str(opts.out / "unanswered_csv")))
+            n_un = sum(r["unanswered"] for r in rows)
+        finally:
+            pairs.unpersist()
     finally:
-        pairs.unpersist()
+        # The staging dataset is this run's listing, read by the steps above; nothing later needs it.
+        shutil.rmtree(staging, ignore_errors=True)
+        with contextlib.suppress(OSError):  # another run's staging may still be there: leave it
+            staging.parent.rmdir()
     chart = draw(rows, opts.out / "chart.png", bucket_label=opts.bucket)
     if opts.print_table:
         print(format_table(rows))
