@@ -99,6 +99,16 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def settle_disk() -> None:
+    """Write back every dirty page before a timed transfer of a large file (untimed).
+
+    A 256 MiB send leaves 256 MiB of dirty pages on the server's disk, a receive as much in its
+    spool; without this the next timed phase paid, or did not, for the previous one's writeback
+    depending on the kernel's timing, and single runs of the same side varied 3 to 6 fold.
+    """
+    os.sync()
+
+
 def peak_rss_mib() -> float:
     import resource
 
@@ -209,6 +219,29 @@ class CountingProxy:
     def close(self) -> None:
         self._closed = True
         self.listener.close()
+
+
+def consumed(handled: Callable[[], int], began: float, p: dict[str, Any],
+             select_empty: Callable[[], None]) -> tuple[int, float]:
+    """Wait for a consume run to end; return (messages handled, seconds since ``began``).
+
+    A run ends after ``p["measure"]`` messages, or after ``p["max_seconds"]`` if given (the
+    same window on both sides, so the rates compare: a bare lister of a 10,000-entry SFTP inbox
+    does under 50 messages/s, and 1,000 of them would cost a minute per run).  When the whole
+    backlog is measured, the run ends only once the last claim is archived (``select_empty``).
+    """
+    limit = p.get("max_seconds") or 600.0
+    deadline = began + limit
+    while handled() < p["measure"] and time.perf_counter() < deadline:
+        time.sleep(0.002)
+    count = min(handled(), p["measure"])
+    elapsed = time.perf_counter() - began
+    if count < p["measure"] and not p.get("max_seconds"):
+        raise TimeoutError(f"timed out after {limit:g} s waiting for messages to be handled")
+    if count >= p["backlog"]:
+        select_empty()
+        elapsed = time.perf_counter() - began
+    return count, elapsed
 
 
 def measure(threads: list[threading.Thread], measuring: threading.Event, done: list[int],

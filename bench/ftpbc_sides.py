@@ -14,7 +14,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import Children, config, fill_inbox, measure, peak_rss_mib, percentile, prepare_area, wait_for
+from common import (
+    Children,
+    config,
+    consumed,
+    fill_inbox,
+    measure,
+    peak_rss_mib,
+    percentile,
+    prepare_area,
+    settle_disk,
+    wait_for,
+)
 
 EP = "b"
 
@@ -29,7 +40,7 @@ def _endpoint(spec: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 
 def _node_main(spec: dict[str, Any], node_id: str, endpoints: dict[str, Any], mode: str,
-               counter: Any, go: Any, stop: Any, out: Any) -> None:
+               counter: Any, ready: Any, go: Any, stop: Any, out: Any) -> None:
     """One serving node: start on ``go``, count handled messages, report stats on ``stop``."""
     import logging
 
@@ -46,6 +57,8 @@ def _node_main(spec: dict[str, Any], node_id: str, endpoints: dict[str, Any], mo
     cfg = config(spec["target"], spec["workdir"], node_id, endpoints,
                  durable=spec["params"].get("durable", True))
     node = Node(cfg, handlers={name: handle for name in endpoints})
+    with ready.get_lock():
+        ready.value += 1
     go.wait()
     node.start()
     stop.wait()
@@ -62,15 +75,17 @@ class Nodes:
     def __init__(self, spec: dict[str, Any], count: int, endpoints: dict[str, Any], mode: str) -> None:
         from common import MP
 
-        self.counter = MP.Value("q", 0)
+        self.counter, self._ready = MP.Value("q", 0), MP.Value("q", 0)
         self._go, self._stop, self._out = MP.Event(), MP.Event(), MP.Queue()
         self.children = Children()
         self.count = count
         for i in range(count):
             self.children.start(_node_main, spec, f"node-{i}", endpoints, mode, self.counter,
-                                self._go, self._stop, self._out)
+                                self._ready, self._go, self._stop, self._out)
 
     def go(self) -> float:
+        """Start every node at once, once all are set up; the moment they were told to start."""
+        wait_for(lambda: self._ready.value >= self.count, 60, "nodes to be set up")
         self._go.set()
         return time.perf_counter()
 
@@ -121,14 +136,10 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
     nodes = Nodes(spec, p.get("nodes", 1), _endpoint(spec), "noop")
     try:
         began = nodes.go()
-        wait_for(lambda: nodes.handled >= p["measure"], 600, "messages to be handled", interval=0.002)
-        elapsed = time.perf_counter() - began
-        if p["measure"] >= p["backlog"]:
-            _wait_empty(spec, "select")
-            elapsed = time.perf_counter() - began
+        count, elapsed = consumed(lambda: nodes.handled, began, p, lambda: _wait_empty(spec, "select"))
     finally:
         stats = nodes.finish()
-    return {"rate": p["measure"] / elapsed, "lost_races": sum(s["lost_races"] for s in stats),
+    return {"rate": count / elapsed, "consumed": count, "lost_races": sum(s["lost_races"] for s in stats),
             "polls": sum(s["polls"] for s in stats), "node_rss_mib": max(s["rss_mib"] for s in stats)}
 
 
@@ -224,6 +235,7 @@ def large(spec: dict[str, Any]) -> dict[str, Any]:
         client.send(EP, b"warm")  # connection and directories
         for f in (Path(spec["target"]["root"]) / "ex" / "inbox").iterdir():
             f.unlink()
+        settle_disk()
         began = time.perf_counter()
         with open(source, "rb") as fh:
             client.send(EP, fh)
@@ -231,6 +243,7 @@ def large(spec: dict[str, Any]) -> dict[str, Any]:
     send_rss = peak_rss_mib()
     nodes = Nodes(spec, 1, _endpoint(spec), "noop")
     try:
+        settle_disk()
         began = nodes.go()
         wait_for(lambda: nodes.handled >= 1, 600, "the large message", interval=0.01)
         _wait_empty(spec, "select")

@@ -22,7 +22,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import MP, Children, fill_inbox, measure, peak_rss_mib, percentile, prepare_area, wait_for
+from common import (
+    MP,
+    Children,
+    consumed,
+    fill_inbox,
+    measure,
+    peak_rss_mib,
+    percentile,
+    prepare_area,
+    settle_disk,
+    wait_for,
+)
 from floor.lean import connect
 
 IN = {k: f"ex/in{k}" for k in ("box", "stage", "select", "archive")}
@@ -36,9 +47,14 @@ def _stamp() -> str:
 # --------------------------------------------------------------------------- a bare serving node
 
 
-def _node_main(spec: dict[str, Any], node_id: str, mode: str, counter: Any, go: Any, stop: Any,
-               out: Any) -> None:
+def _node_main(spec: dict[str, Any], node_id: str, mode: str, counter: Any, ready: Any, go: Any,
+               stop: Any, out: Any) -> None:
     target, workers = spec["target"], spec["params"].get("workers", 5)
+    with ready.get_lock():
+        ready.value += 1
+    go.wait()
+    # Connected after the start signal, as ftpbc's pool connects on first use: both sides'
+    # timings include their logins.
     lister = connect(target)
     conns = [connect(target) for _ in range(workers)]
     claimed: queue.Queue[str | None] = queue.Queue()
@@ -70,7 +86,6 @@ def _node_main(spec: dict[str, Any], node_id: str, mode: str, counter: Any, go: 
     threads = [threading.Thread(target=work, args=(c,), daemon=True) for c in conns]
     for t in threads:
         t.start()
-    go.wait()
     while not stop.is_set():
         if not slots.acquire(timeout=0.1):
             continue
@@ -101,15 +116,17 @@ def _node_main(spec: dict[str, Any], node_id: str, mode: str, counter: Any, go: 
 
 class Nodes:
     def __init__(self, spec: dict[str, Any], count: int, mode: str) -> None:
-        self.counter = MP.Value("q", 0)
+        self.counter, self._ready = MP.Value("q", 0), MP.Value("q", 0)
         self._go, self._stop, self._out = MP.Event(), MP.Event(), MP.Queue()
         self.children = Children()
         self.count = count
         for i in range(count):
-            self.children.start(_node_main, spec, f"floor-{i}", mode, self.counter, self._go,
-                                self._stop, self._out)
+            self.children.start(_node_main, spec, f"floor-{i}", mode, self.counter, self._ready,
+                                self._go, self._stop, self._out)
 
     def go(self) -> float:
+        """Start every node at once, once all are forked; the moment they were told to start."""
+        wait_for(lambda: self._ready.value >= self.count, 60, "nodes to be set up")
         self._go.set()
         return time.perf_counter()
 
@@ -161,14 +178,10 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
     nodes = Nodes(spec, p.get("nodes", 1), "noop")
     try:
         began = nodes.go()
-        wait_for(lambda: nodes.handled >= p["measure"], 600, "messages to be handled", interval=0.002)
-        elapsed = time.perf_counter() - began
-        if p["measure"] >= p["backlog"]:
-            _wait_select_empty(spec)
-            elapsed = time.perf_counter() - began
+        count, elapsed = consumed(lambda: nodes.handled, began, p, lambda: _wait_select_empty(spec))
     finally:
         stats = nodes.finish()
-    return {"rate": p["measure"] / elapsed, "lost_races": sum(s["lost_races"] for s in stats),
+    return {"rate": count / elapsed, "consumed": count, "lost_races": sum(s["lost_races"] for s in stats),
             "polls": sum(s["polls"] for s in stats), "node_rss_mib": max(s["rss_mib"] for s in stats)}
 
 
@@ -312,6 +325,7 @@ def large(spec: dict[str, Any]) -> dict[str, Any]:
     prepare_area(spec["target"])
     conn = connect(spec["target"])
     name = f"msg.{uuid.uuid4()}"
+    settle_disk()
     began = time.perf_counter()
     with open(p["source"], "rb") as fh:
         conn.put_stream(f"{IN['stage']}/{name}~floor", fh)
@@ -321,6 +335,7 @@ def large(spec: dict[str, Any]) -> dict[str, Any]:
     send_rss = peak_rss_mib()
     nodes = Nodes(spec, 1, "large")
     try:
+        settle_disk()
         began = nodes.go()
         wait_for(lambda: nodes.handled >= 1, 600, "the large message", interval=0.01)
         _wait_select_empty(spec)
