@@ -1,0 +1,162 @@
+"""``ftpbc aggregate -c ftpbc.yaml`` as a user runs it, against pyftpdlib, and its bad input.
+
+The end-to-end case goes through the command line (``ftpbc.cli.main``, in this process so that it
+reuses the session's SparkSession instead of starting a JVM of its own: ``SparkSession.builder
+.getOrCreate()`` returns the running one), a YAML configuration with the password in an
+environment variable, the FTP listing mirror and every output file.  The figures it prints and
+writes are checked against counts computed from the plan of what was archived
+(``test_aggregate.expected``), not against Spark.
+
+The bad-input cases fail before Spark starts: one line on stderr naming what to fix, exit 2.
+"""
+
+from __future__ import annotations
+
+import csv
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftpbc.analytics import synthetic
+from ftpbc.analytics.sources import sources_from_config
+from ftpbc.config.loader import load_config
+from ftpbc.exchange import parse_archive_name
+from ftpbc.transport.local import LocalTransport
+from tests import test_aggregate
+from tests.servers.handle import ServerHandle
+from tests.test_bad_input import main_in_process, one_line
+
+#: the one session-scoped SparkSession (Spark takes 5-20 s to start)
+spark = test_aggregate.spark
+
+MESSAGES = 600
+CONFIG = """\
+node:
+  state_dir: {tmp}/state
+  journal_dir: {tmp}/journals
+servers:
+  partner:
+    url: {url}
+    password_env: AGG_PARTNER_PASSWORD
+endpoints:
+  quote:
+    server: partner
+    repository: {base}/quote
+  order:
+    server: partner
+    repository: {base}/order
+    timezone: Europe/Paris
+    message_name: "%u.%y%y%y%y%M%M%d%d%H%H%m%m%s%s%S%S%S"
+  stock:
+    server: partner
+    repository: {base}/stock
+    request_prefix: "q-"
+    response_prefix: "a-"
+    message_name: "%u_%y%y%y%y%M%M%d%d%H%H%m%m%s%s"
+"""
+
+
+@pytest.fixture
+def config_file(pyftpdlib_server: ServerHandle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A configuration naming three endpoints on the pyftpdlib server; the password in the env."""
+    monkeypatch.setenv("AGG_PARTNER_PASSWORD", pyftpdlib_server.password or "")
+    path = tmp_path / "ftpbc.yaml"
+    path.write_text(CONFIG.format(tmp=tmp_path, url=pyftpdlib_server.url.rstrip("/"),
+                                  base=pyftpdlib_server.fresh_dir()), encoding="utf-8")
+    return path
+
+
+def _table(stdout: str) -> dict[tuple[str, datetime], list[str]]:
+    """The printed figures table: (endpoint, bucket) -> the other cells, as printed."""
+    lines = stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("endpoint"))
+    assert lines[head].split()[:4] == ["endpoint", "bucket", "(UTC)", "req"], lines[head]
+    assert set(lines[head + 1]) == {"-"}
+    rows = {}
+    for line in lines[head + 2:]:
+        cells = line.split()
+        if len(cells) != 14:  # the summary line after the table
+            break
+        rows[(cells[0], datetime.strptime(f"{cells[1]} {cells[2]}", "%Y-%m-%d %H:%M"))] = cells[3:]
+    return rows
+
+
+@pytest.mark.slow
+def test_aggregate_command_prints_and_writes_the_figures(
+        config_file: Path, pyftpdlib_server: ServerHandle, tmp_path: Path, spark: Any) -> None:
+    sources = sources_from_config(load_config(config_file))
+    messages = synthetic.plan(sources, MESSAGES // 3, test_aggregate.START, test_aggregate.SPAN, seed=11)
+    root = str(pyftpdlib_server.root)
+    synthetic.write(LocalTransport(root, durable=False), sources, messages,
+                    synthetic.local_mtime_setter(root))
+    out = tmp_path / "out"
+
+    result = main_in_process("aggregate", "-c", str(config_file), "--out", str(out), "--no-progress")
+
+    assert result.returncode == 0, result.stderr
+    want = test_aggregate.expected(messages)
+    printed = _table(result.stdout)
+    assert set(printed) == set(want)
+    for key, w in want.items():
+        cells = printed[key]
+        assert cells[:5] == [str(w[k]) for k in ("requests", "responses", "errors", "unanswered",
+                                                 "uncollected")], key
+        for cell, p in zip(cells[5:9], ("p50", "p95", "p99", "max"), strict=True):
+            # printed to the ms: an interpolated x.5 may round either way
+            assert cell == "-" if w[f"latency_{p}_ms"] is None else \
+                abs(float(cell) - w[f"latency_{p}_ms"]) <= 0.5 + 1e-6, (key, p, cell)
+        assert cells[9:] == [w["t0_source"], format(w["t0_precision_ms"], "g")], key
+    n_unanswered = sum(m.fate == "unanswered" for m in messages)
+    assert result.stdout.splitlines()[-1] == \
+        f"{len(want)} rows; {n_unanswered} unanswered; chart: {out / 'chart.png'}"
+
+    import pyarrow.parquet as pq
+
+    figures = pq.read_table(out / "figures.parquet").to_pylist()
+    assert {(r["endpoint"], r["bucket"]): r["requests"] for r in figures} == \
+        {k: w["requests"] for k, w in want.items()}
+    with open(out / "figures.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert sum(int(r["requests"]) for r in rows) == len(messages)
+    assert sum(int(r["unanswered"]) for r in rows) == n_unanswered
+    nodes = pq.read_table(out / "nodes.parquet").to_pylist()
+    assert sum(r["served"] + r["failed"] for r in nodes) == len(messages)
+    unanswered = pq.read_table(out / "unanswered").to_pylist()
+    assert {parse_archive_name(r["name"])[0] for r in unanswered} == \
+        {m.request_name for m in messages if m.fate == "unanswered"}
+    [csv_part] = (out / "unanswered_csv").glob("part-*.csv")
+    with open(csv_part, newline="") as fh:
+        assert [r["name"] for r in csv.DictReader(fh)] == [r["name"] for r in unanswered]
+    assert (out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (out / ".listing").exists()  # this run's staging dataset is gone
+    secret = (pyftpdlib_server.password or "").encode()
+    assert secret and secret not in result.stdout.encode()
+    for f in out.rglob("*"):
+        if f.is_file():
+            assert secret not in f.read_bytes(), f
+
+
+def test_unknown_endpoint_is_named_on_one_line(config_file: Path, tmp_path: Path) -> None:
+    result = main_in_process("aggregate", "-c", str(config_file), "--endpoint", "quote",
+                             "--endpoint", "nosuch", "--out", str(tmp_path / "out"), "--no-progress")
+    assert result.returncode == 2
+    line = one_line(result)
+    assert "unknown endpoint 'nosuch'" in line and "order, quote, stock" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_bucket_is_named_on_one_line(config_file: Path, tmp_path: Path) -> None:
+    result = main_in_process("aggregate", "-c", str(config_file), "--bucket", "90x",
+                             "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert "--bucket '90x'" in one_line(result)
+
+
+def test_endpoint_with_no_archive_yet_is_named_on_one_line(config_file: Path, tmp_path: Path) -> None:
+    # A fresh repository: nothing archived, nothing to aggregate (and no Spark started for it).
+    result = main_in_process("aggregate", "-c", str(config_file), "--endpoint", "stock",
+                             "--out", str(tmp_path / "out"), "--no-progress")
+    assert result.returncode == 2
+    assert "no archive folder found for endpoints stock" in one_line(result)
