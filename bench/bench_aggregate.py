@@ -1,24 +1,39 @@
 """Time the Spark aggregation against a plain single-process Python pass over the same archive.
 
-    python3 bench/bench_aggregate.py            # 10k, 100k and 1,000,000 messages
-    python3 bench/bench_aggregate.py --quick    # 10k and 100k
+    python3 bench/bench_aggregate.py                    # 10k, 100k, 300k and 1,000,000 messages
+    python3 bench/bench_aggregate.py --quick            # 10k only (well under 2 minutes)
+    python3 bench/bench_aggregate.py --sizes 10000,50000 --archives /tmp/agg   # keep the archives
 
-Each size: a synthetic archive (3 endpoints; requests, responses, errors, unanswered) written
-on a local directory through ftpbc's write path; then, in the same run, (1) the job with
-``local[*]`` (Spark lists the directories itself) and (2) one Python process that lists with
-``os.scandir``, parses every name with the same parser and computes the same figures with dicts.
-Both totals are compared.  Peak memory: RSS of the driver (Python + its JVM), sampled every 0.1 s.
+Each size: a synthetic archive (3 endpoints; requests, responses, errors, unanswered, replies
+never collected or unreadable) written on a local directory through ftpbc's write path; then, in
+the same run, each in a fresh process of its own:
+
+* **spark**: ``ftpbc.analytics.job.run`` with ``local[*]``, as ``ftpbc aggregate`` runs it: a new
+  SparkSession (its start timed apart), the listing in Spark's Python workers, every output
+  written (figures and nodes Parquet/CSV, the unanswered list, the chart);
+* **plain**: one Python process that lists with ``os.scandir``, parses every name with the same
+  parser (``records.parse_record``), pairs requests and replies in dicts and computes the same
+  figures (per endpoint and hour, per node), writing the figures and the unanswered list as CSV.
+
+The figures of both are compared row by row (counts exactly, percentiles to 1e-6 ms).
+
+Memory, each the kernel's own peak (``VmHWM`` in ``/proc/<pid>/status``, not a sample): the
+Python driver process, and separately the JVM it started (read just before the session stops).
+Spark's Python workers (forked by ``pyspark.daemon``) are sampled every 0.2 s, summed.
+The load average is recorded around each side: the machine may be shared.
+
 Writes bench/results/aggregate.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import platform
 import shutil
-import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -27,8 +42,6 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -39,33 +52,12 @@ from ftpbc.config.servers import ServerConfig
 from ftpbc.transport.local import LocalTransport
 
 HOUR_US = 3_600_000_000
-
-
-class PeakRSS:
-    """Peak resident memory of this process and its children (the JVM), sampled."""
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        me = psutil.Process()
-        while not self._stop.is_set():
-            try:
-                rss = me.memory_info().rss + sum(c.memory_info().rss for c in me.children(recursive=True))
-            except psutil.Error:
-                rss = 0
-            self.peak = max(self.peak, rss)
-            self._stop.wait(0.1)
-
-    def __enter__(self) -> PeakRSS:
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join()
+MIB = 2**20
+#: compared between the two sides, per endpoint and bucket
+COUNTS = ("requests", "responses", "errors", "unanswered", "uncollected", "unreadable",
+          "request_bytes", "response_bytes")
+PCTS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms",
+        "service_p50_ms", "service_p95_ms", "service_p99_ms", "service_max_ms")
 
 
 def sources_at(root: str) -> list[ArchiveSource]:
@@ -75,10 +67,72 @@ def sources_at(root: str) -> list[ArchiveSource]:
             ArchiveSource("stock", srv, "/ex/stock", message_name="%u_%y%y%y%y%M%M%d%d%H%H%m%m%s%s")]
 
 
-def plain_pass(sources: list[ArchiveSource]) -> dict[str, Any]:
-    """The same figures, one process, no Spark: scandir, parse, pair in dicts, sort for percentiles."""
-    req: dict[tuple[str, str], dict[str, Any]] = {}
-    rep: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
+# ----------------------------------------------------------------------------- memory and load
+
+def vm_hwm(pid: int | str = "self") -> int | None:
+    """Peak resident set size of a live process, in bytes, as the kernel tracks it (VmHWM)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+class WorkerPeak:
+    """Sum of the RSS of the driver's Python grandchildren (Spark's workers), sampled."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            try:
+                for p in me.children(recursive=True):
+                    if "python" in p.name():
+                        total += p.memory_info().rss
+            except psutil.Error:
+                pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(0.2)
+
+    def __enter__(self) -> WorkerPeak:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# ----------------------------------------------------------------------------- the two sides
+
+def _pct(values: list[float], q: float) -> float | None:
+    """Linear interpolation between the nearest ranks (numpy's default; Spark's ``percentile``)."""
+    if not values:
+        return None
+    pos = q * (len(values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+def plain_pass(sources: list[ArchiveSource], out: Path) -> list[dict[str, Any]]:
+    """The figures, one process, no Spark: scandir, parse, pair in dicts, sort for percentiles."""
+    req: dict[tuple[str, str | None], dict[str, Any]] = {}
+    rep: dict[tuple[str, str | None], list[dict[str, Any]]] = defaultdict(list)
     for s in sources:
         naming = s.naming()
         for folder in ARCHIVE_FOLDERS:
@@ -92,88 +146,223 @@ def plain_pass(sources: list[ArchiveSource]) -> dict[str, Any]:
                                       "size": st.st_size, "mtime_us": st.st_mtime_ns // 1000,
                                       "mtime_prec_us": 1}, naming)
                     key = (s.endpoint, r["uuid"])
-                    if r["kind"] == "request":
+                    if r["kind"] == "request" and folder in ("inarchive", "inerror"):
                         req[key] = r
-                    elif r["kind"] in ("response", "error_reply"):
-                        rep[key][r["folder"]] = r
+                    elif r["kind"] in ("response", "error_reply") and folder in ("outarchive", "outerror"):
+                        rep[key].append(r)
     groups: dict[tuple[str, int], dict[str, Any]] = defaultdict(
-        lambda: {"requests": 0, "unanswered": 0, "latency": []})
+        lambda: {**dict.fromkeys(COUNTS, 0), "lat": [], "svc": []})
+    nodes: dict[tuple[str, int, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    unanswered_rows = []
     for key, r in req.items():
         t0 = r["name_time_us"] if r["name_time_us"] is not None else r["mtime_us"]
-        g = groups[(key[0], t0 - t0 % HOUR_US)]
+        bucket = t0 - t0 % HOUR_US
+        g = groups[(key[0], bucket)]
+        failed = r["folder"] == "inerror"
         g["requests"] += 1
-        reply = rep.get(key)
-        if not reply:
+        g["request_bytes"] += r["size"]
+        g["svc"].append((r["stamp_us"] - t0) / 1000)
+        nodes[(key[0], bucket, r["node"])][1 if failed else 0] += 1
+        replies = rep.get(key, [])
+        if not replies:
             g["unanswered"] += 1
+            g["errors"] += failed
+            unanswered_rows.append((key[0], r["name"], key[1], t0, r["node"], failed))
             continue
-        out = reply.get("outarchive")
-        if out is not None and out["node"] != UNCOLLECTED:
-            g["latency"].append((out["stamp_us"] - t0) / 1000)
-    result = {}
-    for (ep, b), g in groups.items():
-        lat = sorted(g.pop("latency"))
-        q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else [0.0] * 99
-        result[f"{ep}@{b}"] = {**g, "p50": q[49], "p95": q[94], "p99": q[98]}
+        g["response_bytes"] += sum(x["size"] for x in replies)
+        g["responses"] += any(x["kind"] == "response" and x["folder"] == "outarchive" for x in replies)
+        g["errors"] += failed or any(x["kind"] == "error_reply" for x in replies)
+        g["uncollected"] += any(x["node"] == UNCOLLECTED for x in replies)
+        g["unreadable"] += any(x["folder"] == "outerror" for x in replies)
+        collected = [x for x in replies if x["folder"] == "outarchive" and x["node"] != UNCOLLECTED]
+        if collected:
+            first = min(collected, key=lambda x: x["stamp_us"])
+            g["lat"].append((first["stamp_us"] - t0) / 1000)
+            nodes[(key[0], bucket, first["node"])][2] += 1
+    rows = []
+    for (ep, b), g in sorted(groups.items()):
+        lat, svc = sorted(g.pop("lat")), sorted(g.pop("svc"))
+        qs = (("p50", .5), ("p95", .95), ("p99", .99))
+        rows.append({"endpoint": ep, "bucket_us": b, **g,
+                     **{f"latency_{n}_ms": _pct(lat, q) for n, q in qs},
+                     "latency_max_ms": lat[-1] if lat else None,
+                     **{f"service_{n}_ms": _pct(svc, q) for n, q in qs},
+                     "service_max_ms": svc[-1] if svc else None})
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "figures.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    with open(out / "nodes.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows([(*k, *v) for k, v in sorted(nodes.items(), key=str)])
+    with open(out / "unanswered.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows(sorted(unanswered_rows, key=lambda r: (r[0], r[3])))
+    return rows
+
+
+def side_spark(root: Path, out: Path) -> dict[str, Any]:
+    from ftpbc.analytics.figures import session
+    from ftpbc.analytics.job import Options, run
+
+    with WorkerPeak() as workers:
+        t = time.perf_counter()
+        spark = session("local[*]")
+        start_s = time.perf_counter() - t
+        jvm_pid = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
+        t = time.perf_counter()
+        res = run(Options(sources=sources_at(str(root)), out=out, progress=False, print_table=False),
+                  spark=spark)
+        job_s = time.perf_counter() - t
+        jvm = _java_hwm(jvm_pid)
+        spark.stop()
+    rows = [{**{k: r[k] for k in (*COUNTS, *PCTS)}, "endpoint": r["endpoint"],
+             "bucket_us": int(r["bucket"].timestamp()) * 1_000_000}
+            for r in res.figures]
+    return {"start_s": start_s, "job_s": job_s, "driver_peak_rss": vm_hwm(), "jvm_peak_rss": jvm,
+            "workers_peak_rss_sampled": workers.peak, "rows": rows}
+
+
+def _java_hwm(launcher_pid: int) -> int | None:
+    """VmHWM of the JVM: the java process under the spark-submit launcher (or the launcher itself)."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(launcher_pid), *psutil.Process(launcher_pid).children(recursive=True)]
+    except psutil.Error:
+        return None
+    java = [p.pid for p in procs if p.name() == "java"]
+    return max((vm_hwm(pid) or 0 for pid in java), default=None)
+
+
+def side_plain(root: Path, out: Path) -> dict[str, Any]:
+    t = time.perf_counter()
+    rows = plain_pass(sources_at(str(root)), out)
+    return {"job_s": time.perf_counter() - t, "driver_peak_rss": vm_hwm(), "rows": rows}
+
+
+# ----------------------------------------------------------------------------- the run
+
+def ensure_archive(n: int, base: Path) -> tuple[Path, float | None]:
+    """The archive of ``n`` messages under ``base``, written unless a complete one is there."""
+    root = base / f"archive-{n}"
+    marker = base / f"archive-{n}.complete"
+    if marker.exists():
+        return root, None
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    t = time.perf_counter()
+    sources = sources_at(str(root))
+    msgs = synthetic.plan(sources, n // 3 + 1, datetime(2026, 3, 1, tzinfo=UTC), timedelta(hours=24))[:n]
+    synthetic.write(LocalTransport(root, durable=False), sources, msgs,
+                    synthetic.local_mtime_setter(str(root)))
+    marker.write_text(str(n))
+    return root, time.perf_counter() - t
+
+
+def run_side(side: str, root: Path, out: Path) -> dict[str, Any]:
+    """One side in a fresh process: its peak memory is its own, its JVM starts cold."""
+    before = load()
+    cmd = [sys.executable, __file__, "--side", side, "--root", str(root), "--side-out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"{side} side failed:\n{proc.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["load_before"], result["load_after"] = before, load()
     return result
 
 
-def one_size(n: int, spark: Any, workdir: Path) -> dict[str, Any]:
-    from ftpbc.analytics.job import Options, run
+def compare(spark_rows: list[dict[str, Any]], plain_rows: list[dict[str, Any]]) -> None:
+    """Both sides computed the same figures (else the timing compares different work)."""
+    a = {(r["endpoint"], r["bucket_us"]): r for r in spark_rows}
+    b = {(r["endpoint"], r["bucket_us"]): r for r in plain_rows}
+    assert set(a) == set(b), (len(a), len(b))
+    for key, ra in a.items():
+        rb = b[key]
+        for k in COUNTS:
+            assert ra[k] == rb[k], (key, k, ra[k], rb[k])
+        for k in PCTS:
+            assert (ra[k] is None) == (rb[k] is None) and (ra[k] is None or abs(ra[k] - rb[k]) < 1e-6), \
+                (key, k, ra[k], rb[k])
 
-    root = workdir / f"archive-{n}"
-    root.mkdir()
-    sources = sources_at(str(root))
-    t = time.perf_counter()
-    msgs = synthetic.plan(sources, n // 3 + 1, datetime(2026, 3, 1, tzinfo=UTC), timedelta(hours=24))[:n]
-    setter = synthetic.local_mtime_setter(str(root))
-    synthetic.write(LocalTransport(root, durable=False), sources, msgs, setter)
-    files = sum(1 for _ in root.rglob("*~*"))
-    gen_s = time.perf_counter() - t
-    del msgs
 
-    with PeakRSS() as mem:
-        t = time.perf_counter()
-        res = run(Options(sources=sources, out=workdir / f"out-{n}", progress=False, print_table=False),
-                  spark=spark)
-        spark_s = time.perf_counter() - t
-    with PeakRSS() as pmem:
-        t = time.perf_counter()
-        plain = plain_pass(sources)
-        plain_s = time.perf_counter() - t
-    spark_req = sum(r["requests"] for r in res.figures)
-    plain_req = sum(g["requests"] for g in plain.values())
-    assert spark_req == plain_req == n, (spark_req, plain_req, n)
-    shutil.rmtree(root)
-    return {"messages": n, "files": files, "generate_s": round(gen_s, 1),
-            "spark_s": round(spark_s, 2), "plain_python_s": round(plain_s, 2),
-            "spark_over_plain": round(spark_s / plain_s, 2),
-            "spark_peak_rss_mib": round(mem.peak / 2**20), "plain_peak_rss_mib": round(pmem.peak / 2**20)}
+def one_size(n: int, archives: Path, work: Path) -> dict[str, Any]:
+    root, gen_s = ensure_archive(n, archives)
+    files = sum(len(os.listdir(p)) for p in root.glob("ex/*/*") if p.name in ARCHIVE_FOLDERS)
+    spark = run_side("spark", root, work / f"spark-{n}")
+    plain = run_side("plain", root, work / f"plain-{n}")
+    compare(spark.pop("rows"), plain.pop("rows"))
+    total_s = spark["start_s"] + spark["job_s"]
+    mib = lambda v: round(v / MIB) if v else None  # noqa: E731
+    return {
+        "messages": n, "files": files, "generate_s": round(gen_s, 1) if gen_s is not None else "reused",
+        "spark_start_s": round(spark["start_s"], 2), "spark_job_s": round(spark["job_s"], 2),
+        "spark_total_s": round(total_s, 2), "plain_python_s": round(plain["job_s"], 2),
+        "spark_job_over_plain": round(spark["job_s"] / plain["job_s"], 2),
+        "spark_total_over_plain": round(total_s / plain["job_s"], 2),
+        "spark_driver_peak_rss_mib": mib(spark["driver_peak_rss"]),
+        "spark_jvm_peak_rss_mib": mib(spark["jvm_peak_rss"]),
+        "spark_workers_peak_rss_mib_sampled": mib(spark["workers_peak_rss_sampled"]),
+        "plain_peak_rss_mib": mib(plain["driver_peak_rss"]),
+        "load_1m": {"spark": [spark["load_before"][0], spark["load_after"][0]],
+                    "plain": [plain["load_before"][0], plain["load_after"][0]]},
+    }
+
+
+def crossover(rows: list[dict[str, Any]], key: str) -> str:
+    """The first measured size from which Spark stays faster, or why there is none."""
+    wins = [r["spark_" + key + "_over_plain"] < 1 for r in rows]
+    for i, r in enumerate(rows):
+        if all(wins[i:]):
+            return f"Spark faster from {r['messages']:,} messages (ratio {r['spark_' + key + '_over_plain']})"
+    best = min(rows, key=lambda r: r["spark_" + key + "_over_plain"])
+    return (f"Spark never faster up to {rows[-1]['messages']:,} messages (best ratio "
+            f"{best['spark_' + key + '_over_plain']} at {best['messages']:,})")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="10k and 100k messages only")
+    ap.add_argument("--quick", action="store_true", help="10k messages only")
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=None)
+    ap.add_argument("--archives", type=Path, default=None,
+                    help="keep the generated archives here and reuse them (default: a temporary directory)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "aggregate.json"))
+    ap.add_argument("--side", choices=["spark", "plain"], help=argparse.SUPPRESS)
+    ap.add_argument("--root", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--side-out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    sizes = args.sizes or ([10_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000])
-    from ftpbc.analytics.figures import session
-
-    t = time.perf_counter()
-    spark = session("local[*]")
-    start_s = time.perf_counter() - t
-    rows = []
+    if args.side:
+        fn = side_spark if args.side == "spark" else side_plain
+        print(json.dumps(fn(args.root, args.side_out)), flush=True)
+        return
+    sizes = args.sizes or ([10_000] if args.quick else [10_000, 100_000, 300_000, 1_000_000])
+    began, rows = time.perf_counter(), []
     with tempfile.TemporaryDirectory(prefix="bench-agg-") as d:
+        archives = args.archives or Path(d) / "archives"
         for n in sizes:
-            rows.append(one_size(n, spark, Path(d)))
+            rows.append(one_size(n, archives, Path(d)))
             print(json.dumps(rows[-1]), flush=True)
-    spark.stop()
-    report = {"when": datetime.now(UTC).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
-              "python": platform.python_version(), "spark_session_start_s": round(start_s, 1),
-              "load_average_1m_at_end": os.getloadavg()[0], "runs": rows}
+            if args.archives is None:
+                shutil.rmtree(archives / f"archive-{n}")
+                (archives / f"archive-{n}.complete").unlink()
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    report = {"when": datetime.now(UTC).isoformat(timespec="seconds"),
+              "machine": {"cpus": os.cpu_count(), "memory_gib": round(mem / 2**30, 1),
+                          "python": platform.python_version(), "java": _java_version()},
+              "seconds": round(time.perf_counter() - began, 1),
+              "crossover_job": crossover(rows, "job"), "crossover_total": crossover(rows, "total"),
+              "runs": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(report["crossover_job"] + " (job); " + report["crossover_total"] + " (with session start)")
     print(f"wrote {args.out}")
+
+
+def _java_version() -> str:
+    try:
+        out = subprocess.run(["java", "-version"], capture_output=True, text=True, check=False).stderr
+    except OSError:
+        return "none"
+    return out.splitlines()[0] if out else "unknown"
 
 
 if __name__ == "__main__":
