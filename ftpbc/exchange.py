@@ -32,7 +32,7 @@ Why the node id travels in the name
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -52,17 +52,24 @@ class ExchangeArea:
     """Paths of one repository's directories.  ``area.dir("in", "select")`` -> ``.../inselect``."""
 
     repository: str
+    #: every directory, computed once: paths are built several times per message
+    _dirs: dict[tuple[str, str], str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "repository", normalize(self.repository))
+        object.__setattr__(self, "_dirs", {(d, k): join(self.repository, f"{d}{k}")
+                                           for d in ("in", "out") for k in KINDS})
 
     def dir(self, direction: Direction, kind: str) -> str:
-        if kind not in KINDS:
-            raise ValueError(f"unknown exchange directory kind {kind!r}")
-        return join(self.repository, f"{direction}{kind}")
+        try:
+            return self._dirs[direction, kind]
+        except KeyError:
+            raise ValueError(f"unknown exchange directory {direction!r} {kind!r}") from None
 
     def path(self, direction: Direction, kind: str, name: str) -> str:
-        return join(self.dir(direction, kind), name)
+        # A normal directory plus a checked bare name is normal already: no normalize() again.
+        d = self.dir(direction, kind)
+        return f"{'' if d == '/' else d}/{check_name(name)}"
 
     def all_dirs(self) -> list[str]:
         return [self.dir(d, k) for d in ("in", "out") for k in KINDS]

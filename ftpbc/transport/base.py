@@ -39,6 +39,7 @@ What is *not* guaranteed
 from __future__ import annotations
 
 import posixpath
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime
@@ -129,12 +130,9 @@ def check_name(name: str, *, what: str = "file name") -> str:
     A bare name has no ``/`` or ``\\``, is not ``.`` or ``..``, is not empty and has no NUL or
     line break (a line break would corrupt FTP's line-based protocol and the journal).
     """
-    bad = (
-        not name
-        or name in (".", "..")
-        or any(c in name for c in "/\\\0\r\n")
-    )
-    if bad:
+    # One regex search instead of a generator over five characters: this runs several times per
+    # message (every stage, claim and archive name), and the generator cost more than the rest.
+    if not name or name in (".", "..") or _UNSAFE_IN_NAME.search(name) is not None:
         raise UnsafeNameError(f"{what} {name!r} is not a bare file name (no '/', '..', NUL or newline)")
     return name
 
@@ -145,8 +143,10 @@ def normalize(path: str) -> str:
     ``..`` is refused rather than resolved: a path that climbs is never what a configuration
     or a message name should produce, and resolving it could leave the base directory.
     """
-    if any(c in path for c in "\0\r\n"):
+    if _UNSAFE_IN_PATH.search(path) is not None:
         raise UnsafeNameError(f"path {path!r} contains a NUL or line break")
+    if path[:1] == "/" and _NOT_NORMAL.search(path) is None:
+        return path  # already normal (the usual case): no split and join per call
     parts = [p for p in path.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise UnsafeNameError(f"path {path!r} contains '..'")
@@ -158,3 +158,9 @@ def join(directory: str, *names: str) -> str:
     for n in names:
         check_name(n)
     return normalize(posixpath.join(directory, *names))
+
+
+_UNSAFE_IN_NAME = re.compile(r"[/\\\0\r\n]")
+_UNSAFE_IN_PATH = re.compile(r"[\0\r\n]")
+#: what makes an absolute path not normal: an empty, ``.`` or ``..`` segment, or a trailing slash
+_NOT_NORMAL = re.compile(r"//|/\.\.?(?:/|$)|./$")

@@ -29,9 +29,9 @@ from __future__ import annotations
 import ftplib
 import socket
 import ssl
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from types import TracebackType
 
 from ftpbc.errors import (
     AlreadyExists,
@@ -92,22 +92,14 @@ def translate_os_error(exc: BaseException, *, server: str, path: str = "", sent:
                           server=server, path=path)
 
 
-@contextmanager
 def map_os_errors(server: str, path: str = "", *, progress: Progress | None = None,
-                  connecting: bool = False) -> Iterator[None]:
+                  connecting: bool = False) -> AbstractContextManager[None]:
     """Re-raise OSError/EOFError (socket, ssl, timeouts) inside the block as TransportErrors.
 
     ``progress.sent`` is read when the error happens, so the block can flip it half-way.
     TransportErrors raised inside pass through untouched.
     """
-    try:
-        yield
-    except TransportError:
-        raise
-    except (OSError, EOFError) as exc:
-        sent = progress.sent if progress is not None else False
-        raise translate_os_error(exc, server=server, path=path, sent=sent,
-                                 connecting=connecting) from exc
+    return _Mapped(server, path, progress, connecting, ftp=False)
 
 
 def translate_ftp_reply(exc: ftplib.Error, *, server: str, path: str = "",
@@ -139,15 +131,43 @@ def translate_ftp_reply(exc: ftplib.Error, *, server: str, path: str = "",
     return TransportError(reply, server=server, path=path)
 
 
-@contextmanager
 def map_ftp_errors(server: str, path: str = "", *, progress: Progress | None = None,
-                   connecting: bool = False) -> Iterator[None]:
+                   connecting: bool = False) -> AbstractContextManager[None]:
     """:func:`map_os_errors` plus ftplib's reply errors, for one FTP step."""
-    try:
-        with map_os_errors(server, path, progress=progress, connecting=connecting):
-            yield
-    except ftplib.Error as exc:
-        raise translate_ftp_reply(exc, server=server, path=path, connecting=connecting) from exc
+    return _Mapped(server, path, progress, connecting, ftp=True)
+
+
+class _Mapped(AbstractContextManager[None]):
+    """The context manager behind :func:`map_os_errors` and :func:`map_ftp_errors`.
+
+    A class rather than a generator: it wraps every remote command, and a generator-based
+    context manager (two of them, nested) cost several microseconds per command.
+    """
+
+    __slots__ = ("connecting", "ftp", "path", "progress", "server")
+
+    def __init__(self, server: str, path: str, progress: Progress | None, connecting: bool, *,
+                 ftp: bool) -> None:
+        self.server = server
+        self.path = path
+        self.progress = progress
+        self.connecting = connecting
+        self.ftp = ftp
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is None or isinstance(exc, TransportError):
+            return
+        if isinstance(exc, OSError | EOFError):
+            sent = self.progress.sent if self.progress is not None else False
+            raise translate_os_error(exc, server=self.server, path=self.path, sent=sent,
+                                     connecting=self.connecting) from exc
+        if self.ftp and isinstance(exc, ftplib.Error):
+            raise translate_ftp_reply(exc, server=self.server, path=self.path,
+                                      connecting=self.connecting) from exc
 
 
 def _describe(exc: BaseException) -> str:
