@@ -12,13 +12,15 @@ claim is a rename, and exactly one rename of a file wins), only wasteful in lost
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
-
-from filelock import FileLock, Timeout
 
 from ftpbc.node.heartbeat import is_dead
 
@@ -47,18 +49,18 @@ class PollLock:
     def __init__(self, state_dir: Path, endpoint: str, mode: str, *, holder: str | None = None,
                  lease: float | None = None) -> None:
         self.state_dir = Path(state_dir)
-        path = self.state_dir / "locks" / f"{endpoint}.lock"
-        self._holder_path = path.with_suffix(".holder")
+        self._path = self.state_dir / "locks" / f"{endpoint}.lock"
+        self._holder_path = self._path.with_suffix(".holder")
         self._holder = holder
         self._lease = lease
-        self._tlock = _thread_lock(str(path.resolve()))
-        self._flock: FileLock | None = None
+        self._tlock = _thread_lock(str(self._path.resolve()))
+        self._file = mode == "file"
+        self._fd: int | None = None
+        self._fd_pid = 0
+        self._finalizer: Callable[[], object] | None = None
         self._warned: str | None = None
-        if mode == "file":
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # thread_local=False: the lock is taken and released by the same poller thread,
-            # but the T_LOCK already excludes other threads, so per-thread state adds nothing.
-            self._flock = FileLock(str(path), thread_local=False)
+        if self._file:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
 
     @contextmanager
     def attempt(self, wait: float = 0.0) -> Iterator[bool]:
@@ -68,29 +70,76 @@ class PollLock:
             yield False
             return
         try:
-            if self._flock is None:
+            if not self._file:
                 yield True
                 return
-            try:
-                self._flock.acquire(timeout=wait)
-            except Timeout:
+            if not self._lock_file(wait):
                 yield self._holder_is_dead()
                 return
             try:
                 self._record_holder()
                 yield True
             finally:
-                self._flock.release()
+                fcntl.flock(self._lock_fd(), fcntl.LOCK_UN)
         finally:
             self._tlock.release()
 
+    def _lock_fd(self) -> int:
+        """The lock file, opened once per process (a forked child opens its own: a flock belongs
+        to the open file, which a child would otherwise share with its parent)."""
+        pid = os.getpid()
+        if self._fd is None or self._fd_pid != pid:
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._fd_pid = pid
+            # Closed when this lock is dropped (a node stopped), so that processes starting many
+            # nodes (the tests) do not run out of descriptors.
+            self._finalizer = weakref.finalize(self, _close_quietly, self._fd)
+        return self._fd
+
+    def _lock_file(self, wait: float) -> bool:
+        """flock the lock file, trying for ``wait`` seconds; False if another process holds it.
+
+        A flock on a descriptor kept open, where filelock.FileLock opened, locked, unlocked and
+        closed the file on every poll (73 us against under 1 us); the lock is the same kind, so
+        the two interoperate.  On NFS, Linux maps flock to POSIX locks (NFSv4, or lockd).
+        """
+        fd = self._lock_fd()
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(min(0.01, max(deadline - time.monotonic(), 0.0)))
+
     def _record_holder(self) -> None:
+        """Name this node in the holder file, unless it already does.
+
+        Rewritten only when another node held the lock since: rewriting it on every poll (open
+        with O_TRUNC, write, close) made ext4 flush the file at each close, 380 us per poll.
+        Read and compared under the lock, so no other holder writes it meanwhile.
+        """
         if self._holder is None:
             return
+        want = self._holder.encode("ascii")
         try:
-            self._holder_path.write_text(self._holder, encoding="ascii")
+            with open(self._holder_path, "rb") as fh:
+                if fh.read(len(want) + 1) == want:
+                    return
+        except OSError:
+            pass
+        try:
+            self._holder_path.write_bytes(want)
         except OSError:
             pass  # only the dead-holder bypass needs it; the lock itself is held
+
+    def close(self) -> None:
+        """Close the lock file now rather than when this object is dropped."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._fd = None
 
     def _holder_is_dead(self) -> bool:
         if self._holder is None or self._lease is None:
@@ -106,3 +155,8 @@ class PollLock:
             log.warning("%s is held by node %s, which looks dead; polling without it",
                         self._holder_path.with_suffix(".lock"), holder)
         return True
+
+
+def _close_quietly(fd: int) -> None:
+    with suppress(OSError):
+        os.close(fd)
