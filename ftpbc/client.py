@@ -48,9 +48,11 @@ class _ResponsePoller:
         self._thread.start()
 
     def wait_for(self, uuid: str) -> Future[tuple[bytes, bool]]:
-        fut: Future[tuple[bytes, bool]] = Future()
+        """The future of ``uuid``'s response; callers waiting for the same UUID share one."""
         with self._cv:
-            self._waiters[uuid] = fut
+            fut = self._waiters.get(uuid)
+            if fut is None:
+                fut = self._waiters[uuid] = Future()
             self._cv.notify_all()
         return fut
 
@@ -228,11 +230,15 @@ class Client:
         Raises RemoteHandlerError if the provider's handler failed, RequestTimeout if nothing
         came in time.  Works from any process, also after the submitting one crashed.
         """
+        poller = self._poller(endpoint)
+        return self._await(poller, uuid, poller.wait_for(uuid), timeout, request_name)
+
+    def _await(self, poller: _ResponsePoller, uuid: str, fut: Future[tuple[bytes, bool]],
+               timeout: float | None, request_name: str | None) -> bytes:
+        endpoint = poller.endpoint
         ep = self.config.endpoint(endpoint)
         limit = ep.timeout if timeout is None else timeout
         request_file = f"{ep.repository}/inbox/{request_name or ep.request_prefix + uuid}"
-        poller = self._poller(endpoint)
-        fut = poller.wait_for(uuid)
         try:
             body, is_error = fut.result(timeout=limit)
         except FutureTimeout:
@@ -251,14 +257,16 @@ class Client:
         name, uid = self.runtime.new_message_name(endpoint, ep.request_prefix)
         ex = self.runtime.exchange(endpoint)
         poller = self._poller(endpoint)
-        poller.wait_for(uid)  # registered before sending, so a fast reply is not missed
+        # Registered before sending, and this very future awaited: a reply delivered before this
+        # thread gets to wait (a busy machine) completes it all the same.
+        fut = poller.wait_for(uid)
         try:
             ex.send("in", name, _bytes(body), op_id=op_id_for(uid, "send"), kind="request")
         except BaseException:
             poller.forget(uid)
             raise
         try:
-            return self.collect(endpoint, uid, timeout, request_name=name)
+            return self._await(poller, uid, fut, timeout, name)
         except RequestTimeout:
             try:
                 ex.transport.delete(ex.area.path("in", "box", name))

@@ -27,6 +27,7 @@ from ftpbc.client import Client
 from ftpbc.config.models import Config
 from ftpbc.errors import RemoteHandlerError, RequestTimeout
 from ftpbc.journal import Journal
+from ftpbc.lifecycle import Exchange
 from ftpbc.message import Message
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config
@@ -144,6 +145,26 @@ def test_round_trip_is_byte_exact_and_archived(rig: Rig) -> None:
         collected
     # The archived request and response of one exchange share its UUID.
     assert {n.split("~")[0][4:] for n in served} == {n.split("~")[0][5:] for n in collected}
+
+
+def test_reply_delivered_before_the_caller_waits_is_not_missed(rig: Rig,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy machine can deschedule the requesting thread between its send and its wait for
+    long enough that the whole exchange completes meanwhile: the reply must still reach it."""
+    assert rig.client is not None
+    send = Exchange.send
+
+    def send_then_stall(self: Exchange, direction: Any, name: str, body: Any, **kw: Any) -> str:
+        target = send(self, direction, name, body, **kw)
+        uid = name.removeprefix("req.")
+        wait_until(lambda: any(n.startswith(f"resp.{uid}~") for n in rig.files("echo", "outarchive")),
+                   timeout=20, what="the reply to be delivered and archived")
+        return target
+
+    monkeypatch.setattr(Exchange, "send", send_then_stall)
+    assert rig.client.request("echo", b"quick", timeout=5) == b"quick"
+    rig.stop()
+    rig.assert_settled("echo")
 
 
 def test_zero_byte_request_and_response(rig: Rig) -> None:
