@@ -9,7 +9,9 @@ carried from one side to the other, and ``ru_maxrss`` is this run's own peak.
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +19,9 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 
 def main() -> None:
+    # A run that hangs prints every thread's stack to stderr (the runner shows its tail), so
+    # a stall says where it is instead of only costing its timeout.
+    faulthandler.dump_traceback_later(float(os.environ.get("FTPBC_BENCH_STACKS_AFTER", "120")), exit=False)
     spec = json.load(sys.stdin)
     if spec["side"] == "ftpbc":
         import ftpbc_sides as module

@@ -21,6 +21,7 @@ import random
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -220,7 +221,7 @@ class Provider(Poller):
         self.oneway_pattern = Pattern.parse(config.oneway_prefix + config.message_name)
         self._reported: set[str] = set()
         # What the last listing found and this node has not claimed yet, oldest first.
-        self._backlog: list[tuple[str, str | None, int]] = []
+        self._backlog: deque[tuple[str, str | None, int]] = deque()
 
     def _poll_locked(self, free: int) -> int:
         """Claim up to ``free`` requests from the remembered backlog, listing the inbox if empty.
@@ -231,7 +232,7 @@ class Provider(Poller):
         most of a batch is lost the backlog is dropped and the next poll lists again.
         """
         if not self._backlog:
-            self._backlog = self._candidates()
+            self._backlog = deque(self._candidates())
         picks = self._take(free)
         claimed, lost = self.exchange.claim("in", picks, "serve")
         if lost * 2 > len(picks):
@@ -250,11 +251,12 @@ class Provider(Poller):
         backlog = self._backlog
         count = min(count, len(backlog))
         window = min(len(backlog), count * CLAIM_WINDOW)
+        # Only the window is touched (a deque): copying the rest of a 10,000-entry backlog on
+        # every poll was O(backlog) work per claim batch in the poller thread.
+        head = [backlog.popleft() for _ in range(window)]
         chosen = set(random.sample(range(window), count))
-        picks = [backlog[i] for i in sorted(chosen)]
-        rest = [entry for i, entry in enumerate(backlog[:window]) if i not in chosen]
-        self._backlog = rest + backlog[window:]
-        return picks
+        backlog.extendleft(reversed([entry for i, entry in enumerate(head) if i not in chosen]))
+        return [head[i] for i in sorted(chosen)]
 
     def _candidates(self) -> list[tuple[str, str | None, int]]:
         """Matching files in the inbox, oldest first (by modification time, then name)."""
