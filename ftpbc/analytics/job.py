@@ -119,14 +119,15 @@ def run(opts: Options, spark: Any = None) -> Result:
     try:
         parsed = fg.read_inputs(spark, [*inputs, *compacted], {s.endpoint: s.naming() for s in sources},
                                 staging)
-        pairs = fg.pairs(parsed, window, dedupe=dedupe).cache()
+        rel = fg.relevant(parsed, dedupe=dedupe)
+        pairs = fg.pairs(rel, window).cache()
         try:
             rows = fg.to_rows(fg.by_bucket(pairs), ["endpoint", "bucket"])
             nodes = fg.to_rows(fg.by_node(pairs), ["endpoint", "bucket", "node"])
             opts.out.mkdir(parents=True, exist_ok=True)
             _write_small(rows, opts.out / "figures")
             _write_small(nodes, opts.out / "nodes")
-            fg.unanswered(pairs).write.mode("overwrite").parquet(str(opts.out / "unanswered"))
+            fg.unanswered(pairs, rel).write.mode("overwrite").parquet(str(opts.out / "unanswered"))
             # The CSV from the Parquet just written (one sorted file): no second pass over pairs.
             (spark.read.parquet(str(opts.out / "unanswered")).write.mode("overwrite")
              .option("header", True).csv(str(opts.out / "unanswered_csv")))

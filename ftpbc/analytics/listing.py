@@ -34,7 +34,8 @@ from typing import Any, Literal
 
 from ftpbc.analytics.records import PARSED_FIELDS, arrow_schema, parse_record
 
-#: parsed records per Parquet file (and the most a task holds at once): about 30 MB of Python rows
+#: records per Parquet file, and the most a task holds at once (its memory bound: the bench saw
+#: Spark's Python workers at under 300 MiB each, whatever the archive size)
 CHUNK = 100_000
 #: the columns of a compacted part that are metadata (``endpoint`` is its directory's name)
 _COMPACTED_COLUMNS = ["folder", "name", "size", "mtime_us", "mtime_prec_us"]
