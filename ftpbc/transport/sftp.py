@@ -45,11 +45,11 @@ import socket
 import stat as statmod
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from types import TracebackType
 from typing import Any, BinaryIO, TypeVar, cast
 
 import paramiko
@@ -477,22 +477,8 @@ class SFTPTransport(Transport):
     def _remote(self, path: str) -> str:
         return self._base + normalize(path) if self._base else normalize(path)
 
-    @contextmanager
-    def _mapped(self, path: str, progress: Progress) -> Iterator[None]:
-        try:
-            yield
-        except TransportError:
-            raise
-        except _Status as exc:
-            raise _status_error(exc, server=self.server, path=path) from None
-        except (OSError, EOFError) as exc:
-            raise translate_os_error(exc, server=self.server, path=path, sent=progress.sent) from exc
-        except paramiko.SSHException as exc:
-            # paramiko reports a dropped connection as SSHException("Server connection dropped")
-            raise translate_os_error(EOFError(str(exc)), server=self.server, path=path,
-                                     sent=progress.sent) from exc
-        except SFTPError as exc:
-            raise ProtocolError(f"unexpected SFTP reply: {exc}", server=self.server, path=path) from exc
+    def _mapped(self, path: str, progress: Progress) -> _Mapped:
+        return _Mapped(self.server, path, progress)
 
     def _run(self, path: str, op: Callable[[_Client], T], timeout: float | None, *,
              repeatable: bool = False, rewind: Callable[[], None] | None = None) -> T:
@@ -509,7 +495,8 @@ class SFTPTransport(Transport):
                 with self._pool.session(limit) as s:
                     client = s.sftp
                     client.progress.sent = False
-                    client.sock.settimeout(limit)
+                    if client.sock.gettimeout() != limit:  # settimeout is a system call
+                        client.sock.settimeout(limit)
                     with self._mapped(path, client.progress):
                         return op(client)
             except ConnectionLost:
@@ -674,3 +661,36 @@ def _status_error(exc: _Status, *, server: str, path: str, prefix: str = "") -> 
 
 
 __all__ = ["SFTPTransport", "fingerprint"]
+
+
+class _Mapped:
+    """Library errors inside the block as TransportErrors naming the server and ``path``.
+
+    A class, not a generator-based context manager: it wraps every remote command, and the
+    generator cost several microseconds per command.
+    """
+
+    __slots__ = ("path", "progress", "server")
+
+    def __init__(self, server: str, path: str, progress: Progress) -> None:
+        self.server = server
+        self.path = path
+        self.progress = progress
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is None or isinstance(exc, TransportError):
+            return
+        server, path, sent = self.server, self.path, self.progress.sent
+        if isinstance(exc, _Status):
+            raise _status_error(exc, server=server, path=path) from None
+        if isinstance(exc, OSError | EOFError):
+            raise translate_os_error(exc, server=server, path=path, sent=sent) from exc
+        if isinstance(exc, paramiko.SSHException):
+            # paramiko reports a dropped connection as SSHException("Server connection dropped")
+            raise translate_os_error(EOFError(str(exc)), server=server, path=path, sent=sent) from exc
+        if isinstance(exc, SFTPError):
+            raise ProtocolError(f"unexpected SFTP reply: {exc}", server=server, path=path) from exc
