@@ -544,7 +544,12 @@ def _buffer() -> tuple[bytearray, memoryview]:
 
 def _chunks(stream: BinaryIO) -> Iterator[memoryview | bytes]:
     """``stream``'s content in chunks of up to CHUNK bytes, into one reused buffer if it can."""
-    if isinstance(stream, io.BufferedIOBase):
+    if isinstance(stream, io.BytesIO):
+        # A message body in memory: read() hands back the very bytes object it was made from
+        # (no copy) when it is read whole from the start, the usual case.
+        while chunk := stream.read(CHUNK):
+            yield chunk
+    elif isinstance(stream, io.BufferedIOBase):
         # readinto a single buffer: no allocation per chunk, so memory stays flat however
         # large the file (a fresh 256 KiB bytes per chunk let the C heap fragment and grow).
         buf, view = _buffer()
