@@ -158,7 +158,9 @@ def reqresp(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         nodes.go()
         cfg = config(spec["target"], spec["workdir"], "client", eps)
-        with Client(cfg, connections=p["clients"]) as client:
+        # As many server sessions as the floor's client: one per client thread plus its
+        # response lister's.
+        with Client(cfg, connections=p["clients"] + 1) as client:
             client.request(EP, body, timeout=30)  # connections, directories, a node is up
             stop_at = [float("inf")]
             measuring = threading.Event()

@@ -52,6 +52,7 @@ class Variant:
     repeats: int
     servers: tuple[str, ...] = KINDS
     peer: str = "floor"
+    server_repeats: dict[str, int] = field(default_factory=dict)  # overrides ``repeats``
     runs: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -79,17 +80,17 @@ def variants(quick: bool, repeats: int | None) -> list[Variant]:
         out.append(Variant("latency", f"latency, 1 outstanding, poll_interval {interval:g} s (ms)",
                            "reqresp", p, p, ["p50_ms", "p99_ms"], f"p50<=floor+{interval * 1000:g}+5ms",
                            reps(2 if interval < 1 else 1, 3)))
-    p = {"endpoints": 10, "poll_interval": 1.0, "seconds": 4.0 if q else 10.0}
+    p = {"endpoints": 10, "poll_interval": 1.0, "seconds": 3.0 if q else 10.0, "settle": 1.0 if q else 1.5}
     out.append(Variant("idle", "idle node, 10 endpoints, poll_interval 1 s (per s)", "idle", p, p,
                        ["listings_per_s", "commands_per_s"], "ratio<=1.0", reps(1, 2)))
     measure = 1000 if q else 10_000
-    # Quick: at most 5 s of consuming per run.  A bare lister of a 10,000-entry SFTP inbox
+    # Quick: at most 3 s of consuming per run.  A bare lister of a 10,000-entry SFTP inbox
     # manages about 20-40 messages/s, so 1,000 of them cost a minute a run (3.5 minutes of the
-    # quick set for sshd); over the first 5 s the backlog stays near 10,000, which is the point.
+    # quick set for sshd); over the first 3 s the backlog stays near 10,000, which is the point.
     backlog = {**one_kib, "backlog": 10_000, "measure": measure, "poll_interval": 0.05,
-               "max_seconds": 5.0 if q else None}
+               "max_seconds": 3.0 if q else None}
     out += [
-        Variant("backlog", f"backlog 10,000: first {measure:,} consumed{' (or 5 s)' if q else ''}, "
+        Variant("backlog", f"backlog 10,000: first {measure:,} consumed{' (or 3 s)' if q else ''}, "
                 "1 node (msgs/s)", "consume",
                 {**backlog, "nodes": 1}, {**backlog, "nodes": 1}, ["rate"], "ratio>=0.85", reps(1, 3)),
         Variant("backlog", "backlog 10,000: 4 nodes, lock file (msgs/s; races lost)", "consume",
@@ -103,7 +104,10 @@ def variants(quick: bool, repeats: int | None) -> list[Variant]:
     out.append(Variant("large", f"large message {size // MIB} MiB (MB/s; peak RSS MiB)", "large",
                        {"size": size}, {"size": size},
                        ["send_mb_s", "recv_mb_s", "send_rss_mib", "recv_rss_mib"], "ratio>=0.9,rss<100",
-                       reps(1, 3)))
+                       reps(2, 3),
+                       # One run of 256 MiB varies with the disk's writeback by 2-3x: two runs per
+                       # side on FTP (a few seconds each), one on SFTP (about 10 s per side).
+                       server_repeats={"sshd": reps(1, 3)}))
     count = 1000 if q else 5000
     for durable in (True, False):
         out.append(Variant("kombu", f"file:// one-way 1 KiB vs kombu filesystem, journal fsync "
@@ -187,7 +191,7 @@ def run_others(quick: bool, deadline: float | None, workdir: Path) -> list[dict[
     """
     commands = {
         "bench_patterns.py": ["--seconds", "1" if quick else "3"],
-        "bench_journal.py": ["--requests", "300", "--rounds", "1"] if quick else [],
+        "bench_journal.py": ["--requests", "400", "--rounds", "2"] if quick else [],
         "bench_aggregate.py": ["--quick", "--out", str(workdir / "aggregate-quick.json")] if quick else [],
     }
     rows = []
@@ -271,21 +275,27 @@ def other_rows(others: list[dict[str, Any]], workdir: Path) -> list[dict[str, An
                          f"({jr.get('clients')} clients, 1 node, req/s)", "values": [on, off],
                          "peer": "-", "peer_values": [], "result": f"on/off {on / off:.2f}",
                          "target": "cost of crash safety (no target)", "met": None})
-    for source, path in (("quick run", workdir / "aggregate-quick.json"),
+    for source, path in (("this run", workdir / "aggregate-quick.json"),
                          ("last full run", RESULTS / "aggregate.json")):
         agg = load(path)
-        if not agg:
+        if not agg or not agg.get("runs"):
             continue
-        for r in agg.get("runs", []):
-            spark, plain = r.get("spark_s"), r.get("plain_python_s") or r.get("plain_s")
-            if spark is None or plain is None:
+        # This run's sizes; of the last full run only the largest (with the crossover verdict).
+        runs = agg["runs"] if source == "this run" else agg["runs"][-1:]
+        for r in runs:
+            job = r.get("spark_job_s", r.get("spark_s"))
+            total = r.get("spark_total_s")
+            plain = r.get("plain_python_s")
+            if job is None or not plain:
                 continue
-            when = agg.get("when", "?")[:16]
+            when = str(agg.get("when", "?"))[:16]
+            verdict = str(agg.get("crossover_job", "")).split(" (")[0]
             rows.append({"server": "local disk", "label": f"Spark aggregation, {r.get('messages', 0):,} "
-                         f"archived messages (s; {source}, {when})", "values": [spark, plain],
-                         "peer": "plain Python", "peer_values": [],
-                         "result": f"Spark/plain {spark / plain:.2f}",
-                         "target": "report (Spark wins where < 1)", "met": None})
+                         f"archived messages: job{' / with session start' if total else ''} (s; "
+                         f"{source}, {when})", "values": [job, *([total] if total else [])],
+                         "peer": "plain Python", "peer_values": [plain],
+                         "result": f"job/plain {job / plain:.2f}" + (f"; {verdict}" if verdict else ""),
+                         "target": "report: where Spark starts to win", "met": None})
     return rows
 
 
@@ -367,7 +377,7 @@ def _measure(v: Variant, kind: str, target: Target, workdir: Path) -> dict[str, 
     began = time.monotonic()
     ours: list[dict[str, Any]] = []
     base: list[dict[str, Any]] = []
-    for rep in range(v.repeats):
+    for rep in range(v.server_repeats.get(kind, v.repeats)):
         order = [("ftpbc", v.ftpbc, ours), (v.peer, v.floor, base)]
         for side, params, sink in order if rep % 2 == 0 else order[::-1]:
             sink.append(run_side(side, v, target, workdir, params))
