@@ -1,9 +1,9 @@
 """A provider: one endpoint's inbound poller and its worker pool on one node.
 
 The poller takes the poll lock (T_LOCK + F_LOCK), lists the inbox, claims the oldest matching
-files (no more than twice its workers, running and queued, so one node never hoards the backlog
-that another could serve), releases the lock and hands the claims to its workers.  A poll that
-found work is followed at once by the next one (once half the claim window is free); empty polls
+files (no more than it has idle workers for, so one node never hoards work that another could
+serve), releases the lock and hands the claims to its workers.  A poll that found work is
+followed at once by the next one (once half the workers are free); empty polls
 then back off from 2 ms to ``poll_interval``, the wait of an endpoint that stays idle.
 
 A worker reads the claimed file (spooled to disk past a few MiB), calls the handler, records the
@@ -95,11 +95,13 @@ class Poller:
         self._thread: threading.Thread | None = None
         self._in_flight = 0
         self._in_flight_cv = threading.Condition()
-        # Claimed work a node may hold: running plus queued for a worker.  Twice the workers, and
-        # refilled only once half of it is free while work keeps coming, so one listing of the
-        # inbox serves several messages instead of one (a listing per message cost 22% of a busy
-        # node's time in profiles).  It is still bounded, so one node cannot hoard the backlog.
-        self._capacity = 2 * config.workers
+        # Claimed work a node may hold: one claim per worker, none queued behind a busy worker
+        # while another node's workers are idle, and refilled only once half of it is free while
+        # work keeps coming.  A listing still serves many claims: what it found is remembered as
+        # the backlog (see Provider), so claiming less per poll costs polls, not listings.  (Twice
+        # the workers, as before, let one node of three take every one of 30 requests of 6
+        # callers once polls got cheap, while the other two idled.)
+        self._capacity = config.workers
         self._refill_at = 1
 
     def poll_once(self) -> int:

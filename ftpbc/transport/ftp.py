@@ -259,19 +259,37 @@ class FTPTransport(Transport):
 
     def _rename_once(self, s: _Session, rsrc: str, rdst: str, src: str,
                      progress: Progress) -> ftplib.error_perm | None:
-        """RNFR + RNTO.  SourceGone if RNFR finds no source; RNTO's refusal is returned."""
+        """RNFR + RNTO.  SourceGone if RNFR finds no source; RNTO's refusal is returned.
+
+        Both commands go out in one write and their replies are read after: one round trip
+        instead of two, for the step every message takes four to six times (stage, claim,
+        commit, expose, collect, archive).  A server that refused RNFR answers the RNTO with 503
+        (no rename pending) and renames nothing.  Both replies are always read, so the session
+        stays in step whatever happened.
+        """
+        ftp = s.ftp
+        s.sock.sendall(f"RNFR {rsrc}\r\nRNTO {rdst}\r\n".encode(ftp.encoding))
+        progress.sent = True
+        first: str | ftplib.Error
         try:
-            resp = s.ftp.sendcmd(f"RNFR {rsrc}")
-        except ftplib.error_perm as exc:
-            if str(exc)[:3] in ("550", "450"):
-                raise SourceGone(f"rename source is gone: {exc}", server=self.server, path=src) from None
-            raise
-        if not resp.startswith("3"):
-            raise ProtocolError(f"unexpected reply to RNFR: {resp!r}", server=self.server, path=src)
+            first = ftp.getresp()
+        except ftplib.Error as exc:
+            first = exc
         try:
-            self._command(s, f"RNTO {rdst}", src, progress)
-        except ftplib.error_perm as exc:
-            return exc
+            ftp.voidresp()
+            second: ftplib.Error | None = None
+        except ftplib.Error as exc:
+            second = exc
+        if isinstance(first, ftplib.Error):
+            if isinstance(first, ftplib.error_perm) and str(first)[:3] in ("550", "450"):
+                raise SourceGone(f"rename source is gone: {first}", server=self.server, path=src) from None
+            raise first
+        if not first.startswith("3"):
+            raise ProtocolError(f"unexpected reply to RNFR: {first!r}", server=self.server, path=src)
+        if isinstance(second, ftplib.error_perm):
+            return second
+        if second is not None:
+            raise second
         return None
 
     def _exists(self, s: _Session, remote: str, path: str) -> bool:
