@@ -52,7 +52,6 @@ class Variant:
     repeats: int
     servers: tuple[str, ...] = KINDS
     peer: str = "floor"
-    server_repeats: dict[str, int] = field(default_factory=dict)  # overrides ``repeats``
     runs: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -104,10 +103,8 @@ def variants(quick: bool, repeats: int | None) -> list[Variant]:
     out.append(Variant("large", f"large message {size // MIB} MiB (MB/s; peak RSS MiB)", "large",
                        {"size": size}, {"size": size},
                        ["send_mb_s", "recv_mb_s", "send_rss_mib", "recv_rss_mib"], "ratio>=0.9,rss<100",
-                       reps(2, 3),
-                       # One run of 256 MiB varies with the disk's writeback by 2-3x: two runs per
-                       # side on FTP (a few seconds each), one on SFTP (about 10 s per side).
-                       server_repeats={"sshd": reps(1, 3)}))
+                       # One run of 256 MiB varied 2-3x with the state of the disk's writeback.
+                       reps(2, 3)))
     count = 1000 if q else 5000
     for durable in (True, False):
         out.append(Variant("kombu", f"file:// one-way 1 KiB vs kombu filesystem, journal fsync "
@@ -377,7 +374,7 @@ def _measure(v: Variant, kind: str, target: Target, workdir: Path) -> dict[str, 
     began = time.monotonic()
     ours: list[dict[str, Any]] = []
     base: list[dict[str, Any]] = []
-    for rep in range(v.server_repeats.get(kind, v.repeats)):
+    for rep in range(v.repeats):
         order = [("ftpbc", v.ftpbc, ours), (v.peer, v.floor, base)]
         for side, params, sink in order if rep % 2 == 0 else order[::-1]:
             sink.append(run_side(side, v, target, workdir, params))
