@@ -135,13 +135,14 @@ def test_three_nodes_answer_ftpbc_request_and_a_foreign_producer(cluster: Cluste
     assert error.returncode == 4
     assert "error reply: RuntimeError: fail handler refuses req." in error.stderr
 
-    # Competing nodes share the work: 30 concurrent requests are not all served by one node.
+    # Competing nodes share the work: 60 requests, 12 at a time (three times one node's 4 workers,
+    # and a node claims only for idle workers), are not all served by one node.
     from ftpbc.client import Client
 
     monkeypatch.chdir(cluster.workdir)  # the config's state_dir and journal_dir are relative
     monkeypatch.setenv("FTPBC_PASSWORD", str(cluster.server.password))
-    with Client.from_config(cluster.config, node_id="many") as client, ThreadPoolExecutor(6) as pool:
-        answers = list(pool.map(lambda i: client.request("upper", f"m{i}", timeout=20), range(30)))
-    assert answers == [f"M{i}".encode() for i in range(30)]
+    with Client.from_config(cluster.config, node_id="many") as client, ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda i: client.request("upper", f"m{i}", timeout=20), range(60)))
+    assert answers == [f"M{i}".encode() for i in range(60)]
     nodes = {node for _, node, _ in (parse_archive_name(p.name) for p in (repo / "inarchive").iterdir())}
     assert len(nodes) >= 2 and nodes <= set(NODES)
