@@ -26,7 +26,7 @@ for p in (str(REPO), str(REPO / "bench")):
 
 from servers import Target, server_config  # noqa: E402
 
-from ftpbc.exchange import ExchangeArea  # noqa: E402
+from ftpbc.exchange.area import ExchangeArea  # noqa: E402
 
 # fork: a child starts in milliseconds instead of re-importing ftpbc (about a second on a busy
 # 2-core box); every Nodes group is created before the parent starts any thread.

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 
-from ftpbc.message import Message
+from ftpbc.exchange.message import Message
 
 #: made-up mid prices for quote(); a real handler would ask a pricing service
 PRICES: dict[str, str] = {

@@ -10,7 +10,7 @@ __all__ = ["Client", "Message", "Node", "__version__"]
 
 if TYPE_CHECKING:
     from ftpbc.client import Client
-    from ftpbc.message import Message
+    from ftpbc.exchange.message import Message
     from ftpbc.node.serve import Node
 
 
@@ -21,7 +21,7 @@ def __getattr__(name: str) -> Any:
 
         return Client
     if name == "Message":
-        from ftpbc.message import Message
+        from ftpbc.exchange.message import Message
 
         return Message
     if name == "Node":

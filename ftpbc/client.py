@@ -24,10 +24,10 @@ from typing import BinaryIO
 from ftpbc.config.loader import load_config
 from ftpbc.config.models import Config
 from ftpbc.errors import FtpbcError, NotFound, RemoteHandlerError, RequestTimeout, TransportError
-from ftpbc.exchange import ERROR_REPLY_SUFFIX
-from ftpbc.lifecycle import Claimed, Exchange, op_id_for
-from ftpbc.runtime import Runtime
-from ftpbc.transfer import Transfer
+from ftpbc.exchange.area import ERROR_REPLY_SUFFIX
+from ftpbc.exchange.lifecycle import Claimed, Exchange, op_id_for
+from ftpbc.exchange.partner import Transfer
+from ftpbc.exchange.runtime import Runtime
 
 log = logging.getLogger("ftpbc.client")
 

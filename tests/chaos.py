@@ -41,10 +41,10 @@ from typing import Any
 import yaml
 
 from ftpbc.errors import FtpbcError, RequestTimeout, TransportError
-from ftpbc.exchange import KINDS
+from ftpbc.exchange.area import KINDS
+from ftpbc.exchange.lifecycle import Exchange
+from ftpbc.exchange.message import Message
 from ftpbc.journal import Journal
-from ftpbc.lifecycle import Exchange
-from ftpbc.message import Message
 
 REPO = Path(__file__).resolve().parent.parent
 HANDLER = "tests.chaos:handler"
@@ -367,7 +367,7 @@ class Ledger:
 
 def _recover_own_send(client: Any, stop: threading.Event) -> tuple[str, str]:
     """After a failed submit: replay this client's journal; (uuid, outcome) of its send."""
-    from ftpbc.journal.recovery import recover_endpoint
+    from ftpbc.exchange.recovery import recover_endpoint
 
     ex = client.runtime.exchange(ENDPOINT)
     while True:

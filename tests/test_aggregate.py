@@ -21,7 +21,7 @@ from ftpbc.analytics import synthetic
 from ftpbc.analytics.job import Options, Result, run
 from ftpbc.analytics.mirror import update_mirror
 from ftpbc.analytics.sources import ArchiveSource
-from ftpbc.exchange import parse_archive_name
+from ftpbc.exchange.area import parse_archive_name
 from ftpbc.transport.local import LocalTransport
 from tests.servers.handle import ServerHandle
 

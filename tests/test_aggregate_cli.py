@@ -22,7 +22,7 @@ import pytest
 from ftpbc.analytics import synthetic
 from ftpbc.analytics.sources import sources_from_config
 from ftpbc.config.loader import load_config
-from ftpbc.exchange import parse_archive_name
+from ftpbc.exchange.area import parse_archive_name
 from ftpbc.transport.local import LocalTransport
 from tests import test_aggregate
 from tests.servers.handle import ServerHandle

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from ftpbc.exchange import ExchangeArea
+from ftpbc.exchange.area import ExchangeArea
 from tests.servers.handle import ServerHandle
 from tests.support import free_port, ftpbc_env, run_ftpbc, server_yaml
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ftpbc.demo import NODE_IDS, percentile, run_demo
-from ftpbc.exchange import parse_archive_name
+from ftpbc.exchange.area import parse_archive_name
 from tests.support import ftpbc_env, run_ftpbc
 
 ROW = re.compile(r"^(node-[ab]|all)\s+(\d+)\s+(\d+)%\s+(\d+)\s+([\d.]+)\s+([\d.]+)$", re.M)

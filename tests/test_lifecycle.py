@@ -26,9 +26,9 @@ import pytest
 from ftpbc.client import Client
 from ftpbc.config.models import Config
 from ftpbc.errors import RemoteHandlerError, RequestTimeout
+from ftpbc.exchange.lifecycle import Exchange
+from ftpbc.exchange.message import Message
 from ftpbc.journal import Journal
-from ftpbc.lifecycle import Exchange
-from ftpbc.message import Message
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config
 from tests.servers.handle import ServerHandle

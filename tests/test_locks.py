@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ftpbc.node.heartbeat import Heartbeat
-from ftpbc.node.locks import PollLock
+from ftpbc.cluster.heartbeat import Heartbeat
+from ftpbc.cluster.poll_lock import PollLock
 
 HOLD = """
 import sys

@@ -15,8 +15,8 @@ from pyftpdlib.handlers import FTPHandler
 from ftpbc.client import Client
 from ftpbc.config.loader import parse_config
 from ftpbc.embedded import EmbeddedFTPServer
+from ftpbc.exchange.message import Message
 from ftpbc.journal import Journal
-from ftpbc.message import Message
 from ftpbc.node.serve import Node
 
 

@@ -39,7 +39,7 @@ from ftpbc.analytics.mirror import precision_us
 from ftpbc.analytics.records import EPOCH, RAW_FIELDS, US, arrow_schema
 from ftpbc.analytics.sources import ARCHIVE_FOLDERS, ArchiveSource
 from ftpbc.errors import JournalError, NotFound
-from ftpbc.exchange import REASON_SUFFIX, parse_archive_name
+from ftpbc.exchange.area import REASON_SUFFIX, parse_archive_name
 from ftpbc.transport import Entry, Transport, open_transport
 
 #: columns as Spark reads them (partition columns included; ``body`` left out on purpose)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
-import sys
 import uuid as uuidlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -173,14 +172,3 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
                        for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in cells]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """``spark-submit ftpbc/analytics/job.py -c ftpbc.yaml ...``: the CLI command, same options."""
-    from ftpbc.cli.aggregate import aggregate
-
-    aggregate.main(args=list(argv) if argv is not None else sys.argv[1:], prog_name="ftpbc-aggregate")
-
-
-if __name__ == "__main__":
-    main()

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ftpbc.exchange import ERROR_REPLY_SUFFIX, REASON_SUFFIX, parse_archive_name
+from ftpbc.exchange.area import ERROR_REPLY_SUFFIX, REASON_SUFFIX, parse_archive_name
 
 RAW_FIELDS: tuple[tuple[str, str], ...] = (
     ("endpoint", "string"), ("folder", "string"), ("name", "string"),

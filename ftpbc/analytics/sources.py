@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ftpbc.config.models import Config
 from ftpbc.config.servers import ServerConfig
-from ftpbc.exchange import Direction, ExchangeArea
+from ftpbc.exchange.area import Direction, ExchangeArea
 
 #: the directories every handled message ends in (the ``.reason`` files beside failed requests too)
 ARCHIVE_FOLDERS: tuple[str, ...] = ("inarchive", "outarchive", "inerror", "outerror")

@@ -18,7 +18,7 @@ from typing import Literal
 
 from ftpbc.analytics.records import UNCOLLECTED
 from ftpbc.analytics.sources import ArchiveSource
-from ftpbc.exchange import ERROR_REPLY_SUFFIX, REASON_SUFFIX, archive_name, claim_name
+from ftpbc.exchange.area import ERROR_REPLY_SUFFIX, REASON_SUFFIX, archive_name, claim_name
 from ftpbc.patterns.expand import ExpandContext, expand
 from ftpbc.patterns.grammar import parse
 

@@ -44,3 +44,8 @@ def aggregate(config_path: str, endpoints: tuple[str, ...], since: str | None, u
     result = run(Options(sources=sources, out=out_dir, bucket=bucket, since=since, until=until,
                          master=master, route=route, progress=not no_progress))
     click.echo(f"{len(result.figures)} rows; {result.unanswered} unanswered; chart: {result.chart}")
+
+
+if __name__ == "__main__":
+    # ``spark-submit ftpbc/cli/aggregate.py -c ftpbc.yaml ...``: the same command and options.
+    aggregate(prog_name="ftpbc-aggregate")

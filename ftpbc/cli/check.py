@@ -28,9 +28,9 @@ from ftpbc.errors import (
     TLSFailed,
     TransportTimeout,
 )
-from ftpbc.exchange import ExchangeArea
+from ftpbc.exchange.area import ExchangeArea
+from ftpbc.paths import normalize
 from ftpbc.transport import Transport, open_transport
-from ftpbc.transport.base import normalize
 
 #: failures that say nothing about the endpoint: every other endpoint on the server would fail alike
 SERVER_DOWN = (ConnectFailed, AuthenticationFailed, TLSFailed, TransportTimeout)

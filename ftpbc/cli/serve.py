@@ -50,8 +50,8 @@ def serve(config_path: str, node_id: str | None, verbose: bool) -> None:
 @node_id_option
 def recover(config_path: str, node_id: str | None) -> None:
     """Replay this node's journal against the servers, print what was done, and exit."""
+    from ftpbc.exchange.runtime import Runtime
     from ftpbc.node.serve import recover as run_recovery
-    from ftpbc.runtime import Runtime
 
     config = load(config_path, node_id)
     runtime = Runtime(config)

@@ -94,7 +94,7 @@ class EndpointConfig(_Frozen):
     @field_validator("repository")
     @classmethod
     def _absolute(cls, v: str) -> str:
-        from ftpbc.transport.base import normalize
+        from ftpbc.paths import normalize
 
         if not v.startswith("/"):
             raise ValueError(f"repository {v!r} must be an absolute path on the server")
@@ -156,7 +156,7 @@ class EndpointConfig(_Frozen):
 
 def split_pattern_path(key: str, value: str) -> tuple[str, str]:
     """``(directory, name pattern)`` of ``/dir/pattern``; the directory must be literal."""
-    from ftpbc.transport.base import normalize
+    from ftpbc.paths import normalize
 
     if not value.startswith("/"):
         raise ValueError(f"{key} {value!r} must be an absolute path on the server")
@@ -227,7 +227,7 @@ class TransferConfig(_Frozen):
     @field_validator("select_dir", "stage_dir", "error_dir")
     @classmethod
     def _literal_dir(cls, v: str | None) -> str | None:
-        from ftpbc.transport.base import normalize
+        from ftpbc.paths import normalize
 
         if v is None:
             return v

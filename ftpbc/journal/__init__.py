@@ -1,4 +1,7 @@
-"""The journal of remote writes and recovery by replay (see store.py and recovery.py)."""
+"""The journal of remote writes: durable intents a crashed node replays (see store.py).
+
+Recovery, which decides each pending operation from the journal plus the server, belongs to
+the exchange layer (:mod:`ftpbc.exchange.recovery`)."""
 
 from ftpbc.journal.store import EndpointJournal, Journal, Operation
 

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
+from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.config.models import EndpointConfig
 from ftpbc.errors import FtpbcError, NotFound, TransportError
-from ftpbc.lifecycle import Claimed, Exchange
-from ftpbc.message import Message, result_bytes
-from ftpbc.node.locks import PollLock
+from ftpbc.exchange.lifecycle import Claimed, Exchange
+from ftpbc.exchange.message import Message, result_bytes
 from ftpbc.patterns import Pattern
 from ftpbc.transport.base import Entry
 

@@ -15,17 +15,17 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.config.models import Config
 from ftpbc.errors import ConfigError, FtpbcError
-from ftpbc.journal.recovery import Action, recover_endpoint, recover_orphans
-from ftpbc.message import Message
-from ftpbc.node.locks import PollLock
+from ftpbc.exchange.message import Message
+from ftpbc.exchange.partner import KEY_PREFIX as TRANSFER_KEY_PREFIX
+from ftpbc.exchange.partner import Transfer
+from ftpbc.exchange.recovery import Action, recover_endpoint, recover_orphans
+from ftpbc.exchange.runtime import Runtime
+from ftpbc.exchange.sweeper import Sweeper
 from ftpbc.node.provider import Poller, Provider
-from ftpbc.node.sweeper import Sweeper
 from ftpbc.node.transfer import TransferProvider, TransferSweeper
-from ftpbc.runtime import Runtime
-from ftpbc.transfer import KEY_PREFIX as TRANSFER_KEY_PREFIX
-from ftpbc.transfer import Transfer
 
 log = logging.getLogger("ftpbc.node")
 

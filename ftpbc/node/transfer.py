@@ -15,12 +15,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.config.models import TransferConfig
 from ftpbc.errors import NotFound, TransportError
-from ftpbc.message import Message, result_bytes
-from ftpbc.node.locks import PollLock
+from ftpbc.exchange.message import Message, result_bytes
+from ftpbc.exchange.partner import Received, Transfer, key
 from ftpbc.node.provider import SPOOL_IN_MEMORY, Poller
-from ftpbc.transfer import Received, Transfer, key
 
 log = logging.getLogger("ftpbc.transfer")
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from ftpbc.node.heartbeat import is_dead
+from ftpbc.cluster.heartbeat import is_dead
 
 log = logging.getLogger("ftpbc.locks")
 

@@ -39,15 +39,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from ftpbc.cluster.heartbeat import is_dead
+from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.config.models import TransferConfig, split_pattern_path
 from ftpbc.errors import NotFound, OutcomeUnknown, SourceGone
-from ftpbc.exchange import REASON_SUFFIX, archive_name, claim_name, parse_archive_name
+from ftpbc.exchange.area import REASON_SUFFIX, archive_name, claim_name, parse_archive_name
+from ftpbc.exchange.lifecycle import claim_files, rename_resolving
+from ftpbc.exchange.recovery import Action, return_claim
 from ftpbc.faults import crash_point
 from ftpbc.journal import EndpointJournal, Operation
-from ftpbc.journal.recovery import Action, return_claim
-from ftpbc.lifecycle import claim_files, rename_resolving
-from ftpbc.node.heartbeat import is_dead
-from ftpbc.node.locks import PollLock
 from ftpbc.node.provider import SPOOL_IN_MEMORY
 from ftpbc.patterns import ExpandContext, Pattern
 from ftpbc.patterns.match import Value
@@ -55,7 +55,7 @@ from ftpbc.sequences import SequenceStore
 from ftpbc.transport.base import Transport, join
 
 if TYPE_CHECKING:
-    from ftpbc.runtime import Runtime
+    from ftpbc.exchange.runtime import Runtime
 
 log = logging.getLogger("ftpbc.transfer")
 

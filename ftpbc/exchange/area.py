@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
-from ftpbc.transport.base import check_name, join, normalize
+from ftpbc.paths import check_name, join, normalize
 
 Direction = Literal["in", "out"]
 

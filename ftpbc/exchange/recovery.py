@@ -24,10 +24,10 @@ import logging
 from dataclasses import dataclass
 
 from ftpbc.errors import NotFound, SourceGone
-from ftpbc.exchange import split_claim
+from ftpbc.exchange.area import split_claim
+from ftpbc.exchange.lifecycle import Exchange
 from ftpbc.faults import crash_point
 from ftpbc.journal.store import EndpointJournal, Operation
-from ftpbc.lifecycle import Exchange
 from ftpbc.transport.base import Transport
 
 log = logging.getLogger("ftpbc.recovery")

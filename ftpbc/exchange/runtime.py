@@ -6,11 +6,11 @@ import threading
 import uuid as uuidlib
 from pathlib import Path
 
+from ftpbc.cluster.heartbeat import Heartbeat
 from ftpbc.config.models import Config, EndpointConfig
-from ftpbc.exchange import ExchangeArea
+from ftpbc.exchange.area import ExchangeArea
+from ftpbc.exchange.lifecycle import Exchange
 from ftpbc.journal import Journal
-from ftpbc.lifecycle import Exchange
-from ftpbc.node.heartbeat import Heartbeat
 from ftpbc.patterns import ExpandContext, Pattern
 from ftpbc.sequences import SequenceStore
 from ftpbc.transport import Transport, open_transport

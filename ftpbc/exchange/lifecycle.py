@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from typing import BinaryIO
 
 from ftpbc.errors import IncompleteRead, NotFound, OutcomeUnknown, SourceGone
-from ftpbc.exchange import (
+from ftpbc.exchange.area import (
     ERROR_REPLY_SUFFIX,
     REASON_SUFFIX,
     Direction,

@@ -19,12 +19,12 @@ import logging
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ftpbc.cluster.heartbeat import is_dead
+from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.config.models import EndpointConfig
 from ftpbc.errors import NotFound, SourceGone
-from ftpbc.exchange import archive_name, parse_archive_name, split_claim
-from ftpbc.lifecycle import Exchange
-from ftpbc.node.heartbeat import is_dead
-from ftpbc.node.locks import PollLock
+from ftpbc.exchange.area import archive_name, parse_archive_name, split_claim
+from ftpbc.exchange.lifecycle import Exchange
 from ftpbc.patterns import Pattern
 
 log = logging.getLogger("ftpbc.sweeper")

@@ -1,0 +1,1 @@
+"""Cluster coordination: the poll lock (T_LOCK + F_LOCK), heartbeats and leases."""
