@@ -170,3 +170,21 @@ class RemoteHandlerError(FtpbcError):
         self.request_file = request_file
         self.reason = reason
         super().__init__(f"endpoint {endpoint!r}: handler failed on {request_file}: {reason}")
+
+
+# --------------------------------------------------------------------------- hostile peers
+
+
+class UnsafeEntry(NotFound):
+    """A shared ``file://`` repository holds something ftpbc refuses to touch at the path: a
+    symbolic link (as the entry itself or as a directory on the way to it, below the base
+    directory), a fifo, a socket or a device.  Nothing was opened, read, written or followed.
+
+    A :class:`NotFound`, because to the message lifecycle there is no message there: code that
+    skips a file that vanished (a claim lost to another node, a response already collected)
+    skips this one as well, rather than retrying it for ever.  The message says what was found.
+    """
+
+
+class UnsafeSource(UnsafeEntry, SourceGone):
+    """A rename's source is an :class:`UnsafeEntry`; like a lost claim race, nothing was moved."""

@@ -13,15 +13,21 @@ Every server started here is on loopback and is stopped by the test that started
 
 from __future__ import annotations
 
+import io
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from ftpbc.errors import NotFound, SourceGone, UnsafeEntry
 from ftpbc.journal import Journal
 from ftpbc.journal import store as store_module
+from ftpbc.transport.local import LocalTransport
+
+SECRET = b"machine partner login app password hunter2\n"
 
 # --------------------------------------------------------------------------- journal file modes
 
@@ -84,3 +90,133 @@ def test_an_existing_world_readable_journal_is_tightened_when_opened(tmp_path: P
                 assert _mode(p) == 0o600, p
     finally:
         j.close()
+
+
+# --------------------------------------------------------------------------- planted entries in file://
+
+
+@pytest.fixture
+def shared(tmp_path: Path) -> Iterator[tuple[LocalTransport, Path, Path]]:
+    """A repository under a file:// transport, and a private 0600 file of this user outside it."""
+    repo = tmp_path / "repo"
+    for box in ("inbox", "instage", "inselect"):
+        (repo / "ex" / box).mkdir(parents=True)
+    secret = tmp_path / "home" / ".netrc"
+    secret.parent.mkdir()
+    secret.write_bytes(SECRET)
+    secret.chmod(0o600)
+    t = LocalTransport(repo, durable=False)
+    yield t, repo, secret
+    t.close()
+
+
+def test_a_link_planted_in_an_inbox_is_neither_listed_nor_read(
+        shared: tuple[LocalTransport, Path, Path], caplog: pytest.LogCaptureFixture) -> None:
+    t, repo, secret = shared
+    (repo / "ex/inbox/req.1").write_bytes(b"a real request")
+    (repo / "ex/inbox/req.2").symlink_to(secret)
+
+    assert [e.name for e in t.list("/ex/inbox")] == ["req.1"]
+    assert "req.2" in caplog.text and "symbolic link" in caplog.text
+
+    out = io.BytesIO()
+    with pytest.raises(UnsafeEntry, match="symbolic link") as err:
+        t.get("/ex/inbox/req.2", out)
+    assert isinstance(err.value, NotFound)  # callers that skip a vanished file skip this one
+    assert out.getvalue() == b""
+    with pytest.raises(UnsafeEntry):
+        t.stat("/ex/inbox/req.2")
+    assert not t.exists("/ex/inbox/req.2")
+    # a claim of it is refused like a lost claim race (the lifecycle skips it quietly) ...
+    with pytest.raises(SourceGone):
+        t.rename("/ex/inbox/req.2", "/ex/inselect/req.2~node-a")
+    assert (repo / "ex/inbox/req.2").is_symlink()
+    assert not os.path.lexists(repo / "ex/inselect/req.2~node-a")
+    with pytest.raises(UnsafeEntry):
+        t.delete("/ex/inbox/req.2")
+    # ... and the real request next to it is served as usual
+    t.rename("/ex/inbox/req.1", "/ex/inselect/req.1~node-a")
+    out = io.BytesIO()
+    t.get("/ex/inselect/req.1~node-a", out)
+    assert out.getvalue() == b"a real request"
+    assert secret.read_bytes() == SECRET
+
+
+def test_a_claim_swapped_for_a_link_after_it_was_claimed_is_not_read(
+        shared: tuple[LocalTransport, Path, Path]) -> None:
+    t, repo, secret = shared
+    claim = repo / "ex/inselect/req.3~node-a"
+    claim.symlink_to(secret)
+    out = io.BytesIO()
+    with pytest.raises(UnsafeEntry):
+        t.get("/ex/inselect/req.3~node-a", out)
+    assert out.getvalue() == b""
+
+
+def test_a_linked_directory_in_the_repository_is_not_followed(
+        shared: tuple[LocalTransport, Path, Path]) -> None:
+    t, repo, secret = shared
+    elsewhere = secret.parent  # holds .netrc
+    (repo / "ex/outbox").symlink_to(elsewhere, target_is_directory=True)
+
+    with pytest.raises(UnsafeEntry, match="/ex/outbox is a symbolic link"):
+        t.list("/ex/outbox")
+    with pytest.raises(UnsafeEntry):
+        t.get("/ex/outbox/.netrc", io.BytesIO())
+    with pytest.raises(UnsafeEntry):
+        t.put("/ex/outbox/resp.1", io.BytesIO(b"response"))
+    with pytest.raises(UnsafeEntry):
+        t.mkdir("/ex/outbox/sub")
+    with pytest.raises(SourceGone):
+        t.rename("/ex/outbox/.netrc", "/ex/inbox/req.4")
+    with pytest.raises(NotFound):
+        t.rename("/ex/inbox/missing", "/ex/outbox/x")
+    assert sorted(p.name for p in elsewhere.iterdir()) == [".netrc"]
+    assert secret.read_bytes() == SECRET
+
+
+def test_put_replaces_a_link_planted_at_the_stage_name_without_writing_through_it(
+        shared: tuple[LocalTransport, Path, Path]) -> None:
+    t, repo, secret = shared
+    stage = repo / "ex/instage/req.5~node-a"
+    stage.symlink_to(secret)  # the stage name is predictable: <uuid>~<node>
+    hard = repo / "ex/instage/req.6~node-a"
+    os.link(secret, hard)  # a hard link to a file outside: writing into it would change .netrc
+
+    assert t.put("/ex/instage/req.5~node-a", io.BytesIO(b"request body")) == 12
+    assert t.put("/ex/instage/req.6~node-a", io.BytesIO(b"other body")) == 10
+
+    assert secret.read_bytes() == SECRET
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert not stage.is_symlink() and stage.read_bytes() == b"request body"
+    assert hard.read_bytes() == b"other body" and hard.stat().st_ino != secret.stat().st_ino
+    # no temporary file is left behind
+    assert sorted(p.name for p in stage.parent.iterdir()) == ["req.5~node-a", "req.6~node-a"]
+
+
+def test_a_fifo_in_an_inbox_blocks_neither_listing_nor_reading(
+        shared: tuple[LocalTransport, Path, Path]) -> None:
+    t, repo, _ = shared
+    fifo = repo / "ex/inbox/req.7"
+    os.mkfifo(fifo)
+    (repo / "ex/inbox/req.8").write_bytes(b"x")
+    result: dict[str, object] = {}
+
+    def reader() -> None:
+        try:
+            result["listed"] = sorted(e.name for e in t.list("/ex/inbox"))
+            t.get("/ex/inbox/req.7", io.BytesIO())
+        except Exception as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    thread.join(5.0)
+    if thread.is_alive():
+        # Unblock the reader stuck in open(): a writer end lets the open return (at EOF).
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(5.0)
+        pytest.fail("reading a fifo in the inbox blocked")
+    assert result["listed"] == ["req.8"]
+    assert isinstance(result.get("error"), UnsafeEntry), result
+    assert "fifo" in str(result["error"])
