@@ -11,10 +11,16 @@ pytest_plugins = [
     "tests.servers.sshd",
     "tests.servers.pyftpd",
     "tests.servers.vsftpd",
+    "tests.servers.proftpd",
+    "tests.servers.pureftpd",
 ]
 
 #: every transport/server pair the conformance and lifecycle suites run against
 ALL_SERVERS = ["local", "sshd", "pyftpdlib", "pyftpdlib_ftps", "vsftpd"]
+#: the servers only the conformance suite adds (tests/test_transport_conformance.py): what holds
+#: at the transport boundary there, the lifecycle suites rely on without running again on each
+EXTRA_CONFORMANCE_SERVERS = ["proftpd", "proftpd_ftps", "pureftpd", "pureftpd_tls"]
+CONFORMANCE_SERVERS = ALL_SERVERS + EXTRA_CONFORMANCE_SERVERS
 
 
 @pytest.fixture(params=ALL_SERVERS)

@@ -1,15 +1,24 @@
-"""What the real-server fixtures (vsftpd, sshd) share: probing the listener, dropping sessions."""
+"""What the real-server fixtures share: probing the listener, dropping sessions, and for the
+servers unpacked beside vsftpd (ProFTPD, pure-ftpd): finding them, password hashes, the temporary
+root and the foreground process."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import pwd
+import signal
 import socket
 import subprocess
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.support import wait_until
+from tests.servers.handle import ServerHandle
+from tests.support import IN_CI, wait_until
 
 
 def accepts(proc: subprocess.Popen[bytes], port: int, name: str, log: Path, *,
@@ -50,3 +59,138 @@ def _gone(p: psutil.Process) -> bool:
         return p.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+# --------------------------------------------------------------------------- unpacked servers
+
+#: where ``.ci/run`` unpacks servers that conflict with vsftpd in Debian (ProFTPD, pure-ftpd):
+#: one directory per server, holding its packages' files as dpkg -x lays them out
+UNPACKED_DIR = Path(os.environ.get("FTPBC_SERVERS_DIR", "/opt/ftpbc-servers"))
+
+
+def unpacked_binary(name: str, relpath: str, packages: str) -> Path:
+    """``UNPACKED_DIR/name/relpath`` if executable, else the same file installed system-wide.
+
+    Locally a missing binary skips the test (with the install recipe); under CI=true it fails.
+    """
+    for candidate in (UNPACKED_DIR / name / relpath, Path("/") / relpath):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    message = (f"{name} is not installed: .ci/run unpacks it into {UNPACKED_DIR / name} "
+               f"(apt-get download {packages}; dpkg -x each .deb there)")
+    if IN_CI:
+        pytest.fail(f"CI=true but {message}")
+    pytest.skip(message)
+
+
+def require_root(name: str) -> None:
+    """Skip (fail under CI) unless this runs as root: the fixture chroots and switches users."""
+    if os.geteuid() != 0:
+        message = f"the {name} fixture must run as root (the server chroots and switches users)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def sha512_crypt(password: str) -> str:
+    """``password`` as a SHA-512 crypt(3) hash (``$6$...``), made by ``openssl passwd``.
+
+    A few milliseconds per login to check, where pure-pw's default (argon2id) costs seconds.
+    The password goes through stdin, never the command line.
+    """
+    out = subprocess.run(["openssl", "passwd", "-6", "-stdin"], input=password.encode(),
+                         capture_output=True, check=True)
+    return out.stdout.decode().strip()
+
+
+def nobody() -> tuple[int, int]:
+    """The uid and gid the virtual users run as (``nobody``/``nogroup``, 65534 on Debian)."""
+    try:
+        entry = pwd.getpwnam("nobody")
+        return entry.pw_uid, entry.pw_gid
+    except KeyError:
+        return 65534, 65534
+
+
+def private_root(label: str, uid: int, gid: int) -> Path:
+    """A new directory for remote "/", outside pytest's root-only temp tree, owned by ``uid``.
+
+    The server enters it as the unprivileged user, so every directory above it must be
+    searchable by that user.
+    """
+    root = Path(tempfile.mkdtemp(prefix=f"ftpbc-{label}-", dir="/tmp"))
+    os.chown(root, uid, gid)
+    root.chmod(0o755)
+    return root
+
+
+@dataclass
+class ForegroundServer:
+    """A server daemon run in the foreground: ``argv`` listens on 127.0.0.1:``port``.
+
+    ``start`` waits until the port answers with a greeting; ``stop`` kills the per-session
+    processes first (the listener's descendants), then SIGTERMs the listener and waits for it.
+    """
+
+    name: str
+    argv: list[str]
+    port: int
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         preexec_fn=_die_with_parent)
+        wait_until(self._listening, timeout=10,
+                   what=f"{self.name} on 127.0.0.1:{self.port} ({self.log})")
+
+    def _listening(self) -> bool:
+        assert self.proc is not None
+        return accepts(self.proc, self.port, self.name, self.log, read_banner=True)
+
+    def drop_connections(self) -> None:
+        """Kill every per-session process; the listener stays."""
+        assert self.proc is not None
+        kill_sessions(self.proc, self.name)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.drop_connections()
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@dataclass
+class ServerInstance:
+    """A running ForegroundServer with its one login user and the directory remote "/" maps to."""
+
+    server: ForegroundServer
+    user: str
+    password: str
+    root: Path
+
+    def handle(self, kind: str, *, scheme: str = "ftp",
+               options: dict[str, object] | None = None) -> ServerHandle:
+        """The fixture's ServerHandle, with the controls ``drop_connections`` and ``restart``."""
+        return ServerHandle(kind=kind, root=self.root,
+                            url=f"{scheme}://{self.user}@127.0.0.1:{self.server.port}/",
+                            password=self.password, options=dict(options or {}),
+                            controls={"drop_connections": self.server.drop_connections,
+                                      "restart": self.server.restart})
+
+def _die_with_parent() -> None:
+    # A pytest killed by a signal skips fixture teardown; the listener then dies with it rather
+    # than holding its port (PR_SET_PDEATHSIG; the session processes end with their clients).
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
