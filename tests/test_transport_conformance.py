@@ -1,4 +1,5 @@
-"""One behaviour suite for every transport/server pair (``server`` runs each test per ALL_SERVERS).
+"""One behaviour suite for every transport/server pair (``server`` runs each test per
+CONFORMANCE_SERVERS: ALL_SERVERS plus ProFTPD and pure-ftpd, plain and TLS).
 
 Everything goes through ``open_transport(handle.config())``: what holds here holds for the
 protocol code above the transport, whichever server it talks to.  The local files behind the
@@ -28,12 +29,20 @@ from ftpbc.errors import (
     UnsafeNameError,
 )
 from ftpbc.transport import Transport, open_transport
+from tests.conftest import CONFORMANCE_SERVERS
 from tests.servers.handle import ServerHandle
 from tests.support import free_port
 
 MIB = 1 << 20
 #: every byte value, in every position modulo 256
 EVERY_BYTE = bytes(range(256))
+
+
+@pytest.fixture(params=CONFORMANCE_SERVERS)
+def server(request: pytest.FixtureRequest) -> ServerHandle:
+    """Each test runs once per server kind (this module's list is longer than conftest's)."""
+    handle: ServerHandle = request.getfixturevalue(f"{request.param}_server")
+    return handle
 
 
 @pytest.fixture

@@ -258,7 +258,7 @@ class FTPTransport(Transport):
         return s.ftp.voidresp()
 
     def _rename_once(self, s: _Session, rsrc: str, rdst: str, src: str,
-                     progress: Progress) -> ftplib.error_perm | None:
+                     progress: Progress) -> ftplib.Error | None:
         """RNFR + RNTO.  SourceGone if RNFR finds no source; RNTO's refusal is returned.
 
         Both commands go out in one write and their replies are read after: one round trip
@@ -286,7 +286,10 @@ class FTPTransport(Transport):
             raise first
         if not first.startswith("3"):
             raise ProtocolError(f"unexpected reply to RNFR: {first!r}", server=self.server, path=src)
-        if isinstance(second, ftplib.error_perm):
+        if isinstance(second, ftplib.error_perm | ftplib.error_temp):
+            # Refused (550), or failed because the source went between RNFR and RNTO: pure-ftpd
+            # checks the source at RNFR only and answers "451 Rename/move failure" when a racing
+            # client renamed it meanwhile.  The caller tells the cases apart.
             return second
         if second is not None:
             raise second
