@@ -1,4 +1,5 @@
-"""``ftpbc check`` against every real server kind: it logs in, creates what is missing, reports."""
+"""``ftpbc check`` against every real server kind: it logs in, creates what is missing, reports,
+and warns about an FTP server that cannot rename onto an existing file."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import secrets
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from ftpbc.exchange.area import ExchangeArea
+from tests.conftest import CONFORMANCE_SERVERS
 from tests.servers.handle import ServerHandle
 from tests.support import free_port, ftpbc_env, run_ftpbc, server_yaml
 
@@ -22,6 +25,17 @@ def write_config(tmp_path: Path, servers: dict[str, object], endpoints: dict[str
            "servers": servers, "endpoints": endpoints}
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
     return path
+
+
+@pytest.fixture(params=CONFORMANCE_SERVERS)
+def server(request: pytest.FixtureRequest) -> ServerHandle:
+    """Each test runs once per server kind, ProFTPD and pure-ftpd included."""
+    handle: ServerHandle = request.getfixturevalue(f"{request.param}_server")
+    return handle
+
+
+def exchange_dir_names(repo: str) -> set[str]:
+    return {d.rsplit("/", 1)[-1] for d in ExchangeArea(repo).all_dirs()}
 
 
 def test_check_creates_missing_directories_then_finds_them(tmp_path: Path, server: ServerHandle) -> None:
@@ -40,6 +54,10 @@ def test_check_creates_missing_directories_then_finds_them(tmp_path: Path, serve
     for repo in (f"{base}/quote", f"{base}/deep/audit"):
         for d in ExchangeArea(repo).all_dirs():
             assert server.local(d).is_dir(), d
+        # the rename probe's files are gone again
+        assert {p.name for p in server.local(repo).iterdir()} == exchange_dir_names(repo)
+    # every server of the rig renames onto an existing file
+    assert "warning" not in first.stderr, first.stderr
 
     again = run_ftpbc("check", "-c", str(path), env=env)
     assert again.returncode == 0, again.stderr
@@ -94,3 +112,32 @@ def test_check_of_a_server_without_endpoints_logs_in(tmp_path: Path, pyftpdlib_s
     bad = run_ftpbc("check", "-c", str(path), env=ftpbc_env({PW_VAR: "not-it"}))
     assert bad.returncode == 1
     assert bad.stderr.startswith("ftpbc: check failed: server spare (ftp://ftpbc@127.0.0.1")
+
+
+def test_check_warns_about_a_server_that_cannot_rename_onto_a_file(
+        tmp_path: Path, proftpd_no_overwrite_server: ServerHandle, proftpd_server: ServerHandle) -> None:
+    """ProFTPD's default AllowOverwrite off refuses RNTO onto an existing file: one warning line
+    naming that server, exit 0 (it works, just not atomically); the same server allowing it: none."""
+    strict, open_ = proftpd_no_overwrite_server, proftpd_server
+    strict_base, open_base = strict.fresh_dir(), open_.fresh_dir()
+    path = write_config(tmp_path, {"strict": server_yaml(strict, "FTPBC_CHECK_PW_STRICT"),
+                                   "open": server_yaml(open_, "FTPBC_CHECK_PW_OPEN")}, {
+        "a": {"server": "strict", "repository": f"{strict_base}/a"},
+        "b": {"server": "open", "repository": f"{open_base}/b"},
+    })
+    env = ftpbc_env({"FTPBC_CHECK_PW_STRICT": str(strict.password),
+                     "FTPBC_CHECK_PW_OPEN": str(open_.password)})
+
+    result = run_ftpbc("check", "-c", str(path), env=env)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"ftpbc: check warning: server strict ({strict.url.rstrip('/')}): "
+                               "refuses to rename onto an existing file")
+    assert "AllowOverwrite off" in lines[0] and "not atomic" in lines[0]
+    assert result.stdout.rstrip().endswith("all ok, 1 warning(s)")
+    for handle, repo in ((strict, f"{strict_base}/a"), (open_, f"{open_base}/b")):
+        assert {p.name for p in handle.local(repo).iterdir()} == exchange_dir_names(repo)
+    for secret in (str(strict.password), str(open_.password)):
+        assert secret not in result.stdout + result.stderr

@@ -5,14 +5,25 @@ the repository and creates the exchange-area directories that are missing (the s
 ``ftpbc serve`` would create); it also imports each configured handler.  It prints one table row
 per endpoint and, for each failure, one line naming the server and the endpoint.
 
-Guaranteed: check writes nothing but missing directories; it never moves, reads or deletes a
-message.  Exit status: 0 all good, 1 something failed, 2 the configuration itself is invalid.
+On an FTP or FTPS server it also finds out, once per server, whether the server renames onto an
+existing file: it uploads two one-byte probe files (``.ftpbc-check-<random>-a`` and ``-b``) into
+the first endpoint's repository directory, renames the first onto the second with a single
+RNFR + RNTO, and deletes what is left.  A server that refuses (ProFTPD's default
+``AllowOverwrite off``) gets a warning: ftpbc then deletes the target before renaming, so
+replacing a file there is not atomic, and a crash in between loses the old file.
+
+Guaranteed: check writes nothing but missing directories and its own probe files, which it
+removes again; it never moves, reads or deletes a message.  Exit status: 0 all good (warnings
+included), 1 something failed, 2 the configuration itself is invalid.
 Not checked: that other nodes see the same ``state_dir`` (it cannot know them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import io
+import secrets
+from contextlib import suppress
+from dataclasses import dataclass, field
 
 import click
 
@@ -31,9 +42,15 @@ from ftpbc.errors import (
 from ftpbc.exchange.area import ExchangeArea
 from ftpbc.paths import normalize
 from ftpbc.transport import Transport, open_transport
+from ftpbc.transport.ftp import FTPTransport
 
 #: failures that say nothing about the endpoint: every other endpoint on the server would fail alike
 SERVER_DOWN = (ConnectFailed, AuthenticationFailed, TLSFailed, TransportTimeout)
+
+#: the warning for an FTP server that refuses RNTO onto an existing file
+NO_ATOMIC_REPLACE = ("refuses to rename onto an existing file (ProFTPD: AllowOverwrite off), so ftpbc "
+                     "deletes the target first: replacing a file is not atomic there and a crash in "
+                     "between loses the old file; allow overwriting on the server")
 
 
 @dataclass
@@ -44,6 +61,7 @@ class Row:
     status: str
     handler: str
     failures: list[str]
+    warnings: list[str] = field(default_factory=list)
 
 
 def _check_area(transport: Transport, ep: EndpointConfig, timeout: float) -> str:
@@ -60,6 +78,30 @@ def _check_area(transport: Transport, ep: EndpointConfig, timeout: float) -> str
             created += 1
     total = len(area.all_dirs())
     return f"ok, {total} dirs" + (f" ({created} created)" if created else "")
+
+
+def _probe_rename(transport: Transport, directory: str, timeout: float) -> str | None:
+    """A warning if the FTP server behind ``transport`` cannot rename onto an existing file.
+
+    None when it can, and for other transports (local renames replace atomically; SFTP without
+    the posix-rename extension falls back the same way, but OpenSSH has it).  The probe files
+    are removed whatever happens.
+    """
+    if not isinstance(transport, FTPTransport):
+        return None
+    prefix = f"{'' if directory == '/' else directory}/.ftpbc-check-{secrets.token_hex(6)}"
+    first, second = f"{prefix}-a", f"{prefix}-b"
+    try:
+        transport.put(first, io.BytesIO(b"a"), timeout=timeout)
+        transport.put(second, io.BytesIO(b"b"), timeout=timeout)
+        replaces = transport.rename_replaces(first, second, timeout=timeout)
+    except FtpbcError as exc:
+        return f"cannot tell whether it renames onto an existing file: {exc}"
+    finally:
+        for leftover in (first, second):
+            with suppress(FtpbcError):
+                transport.delete(leftover, timeout=timeout)
+    return None if replaces else NO_ATOMIC_REPLACE
 
 
 def _check_handler(config: Config, name: str, ep: EndpointConfig) -> tuple[str, str | None]:
@@ -109,6 +151,12 @@ def check_server(config: Config, server_name: str, timeout: float) -> list[Row]:
             if problem is not None:
                 failures.append(f"server {label}, endpoint {name}: {problem}")
             rows.append(Row(label, name, ep.repository, status, handler, failures))
+        # Once per server, in the first repository that is known to be there.
+        ready = next((r for r in rows if r.status.startswith("ok")), None)
+        if ready is not None:
+            warning = _probe_rename(transport, normalize(ready.repository), timeout)
+            if warning is not None:
+                ready.warnings.append(f"server {label}: {warning}")
     finally:
         transport.close()
     return rows
@@ -130,16 +178,20 @@ def format_rows(rows: list[Row]) -> str:
 def check(config_path: str, timeout: float) -> None:
     """Validate the configuration, log in to every server, prepare every endpoint's directories.
 
-    Prints a table (server, endpoint, repository, status, handler) and one line per failure;
-    exits 1 if anything failed.
+    Prints a table (server, endpoint, repository, status, handler) and one line per warning and
+    per failure; exits 1 if anything failed.
     """
     config = load(config_path)
     rows = [row for name in sorted(config.servers) for row in check_server(config, name, timeout)]
     click.echo(format_rows(rows))
     failures = [f for r in rows for f in r.failures]
+    warnings = [w for r in rows for w in r.warnings]
+    for w in warnings:
+        click.echo(f"ftpbc: check warning: {w}", err=True)
     for f in failures:
         click.echo(f"ftpbc: check failed: {f}", err=True)
     if failures:
         raise SystemExit(1)
     click.echo(f"{config.source}: {len(config.servers)} server(s), "
-               f"{len(config.endpoints)} endpoint(s): all ok")
+               f"{len(config.endpoints)} endpoint(s): all ok"
+               + (f", {len(warnings)} warning(s)" if warnings else ""))

@@ -242,6 +242,24 @@ class FTPTransport(Transport):
         """The connection pool (for tests and metrics)."""
         return self._pool
 
+    def rename_replaces(self, src: str, dst: str, *, timeout: float | None = None) -> bool:
+        """Does this server rename onto an existing file?  A probe, for ``ftpbc check``.
+
+        One RNFR + RNTO of ``src`` onto the existing ``dst``, without :meth:`rename`'s fallback:
+        True if the server replaced ``dst`` (atomically); False if it refused with a 5xx
+        (ProFTPD's default ``AllowOverwrite off``) and left both, where :meth:`rename` deletes
+        ``dst`` first, so a crash in between loses the old ``dst``.
+        """
+        rsrc, rdst = self._remote(src), self._remote(dst)
+
+        def op(s: _Session, progress: Progress) -> bool:
+            refused = self._rename_once(s, rsrc, rdst, src, progress)
+            if refused is not None and not isinstance(refused, ftplib.error_perm):
+                raise translate_ftp_reply(refused, server=self.server, path=dst)
+            return refused is None
+
+        return self._run(src, op, timeout=timeout, repeatable=False)
+
     # ------------------------------------------------------------------ operations
 
     def _run(self, path: str, op: Callable[[_Session, Progress], T], *, timeout: float | None,
