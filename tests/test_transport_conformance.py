@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,8 @@ from ftpbc.errors import (
 from ftpbc.transport import Transport, open_transport
 from tests.conftest import CONFORMANCE_SERVERS
 from tests.servers.handle import ServerHandle
+from tests.servers.process import require_root
+from tests.servers.proftpd import PASV_TWO_PORTS, proftpd_binary, running_proftpd
 from tests.support import free_port
 
 MIB = 1 << 20
@@ -317,6 +320,33 @@ def test_unsafe_paths_are_refused_before_anything_is_sent(server: ServerHandle, 
             call()
         assert repr(bad) in str(err.value)
         assert "\n" not in str(err.value)
+
+
+def test_concurrent_listings_ride_out_a_passive_port_taken_meanwhile(tmp_path: Path) -> None:
+    """ProFTPD picks a passive port at random and sometimes cannot listen on it because another
+    session took it between its bind and its listen: "425 EPSV: Address already in use".  Nothing
+    was transferred, so the transport asks again.  Two passive ports and eight sessions listing
+    at once make the race frequent (without the retry, most runs of this test failed)."""
+    binary = proftpd_binary()
+    require_root("proftpd")
+    with running_proftpd(binary, tmp_path / "proftpd", passive=PASV_TWO_PORTS, label="proftpd-2ports") as p, \
+            open_transport(p.handle("proftpd").config(pool_size=8)) as t:
+        failures: list[str] = []
+
+        def lister() -> None:
+            for _ in range(40):
+                try:
+                    t.list("/")
+                except TransportError as exc:
+                    failures.append(str(exc))
+
+        threads = [threading.Thread(target=lister) for _ in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=60)
+        assert not any(th.is_alive() for th in threads)
+        assert failures == []
 
 
 # --------------------------------------------------------------------------- configuration

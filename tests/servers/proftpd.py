@@ -56,7 +56,9 @@ PACKAGES = "proftpd-core proftpd-mod-crypto"
 #: 27000-27999 and pure-ftpd's 29000-29999
 PASV_PLAIN = (28000, 28399)
 PASV_FTPS = (28400, 28799)
-PASV_NO_OVERWRITE = (28800, 28999)
+PASV_NO_OVERWRITE = (28800, 28989)
+#: two ports only, for the test of concurrent passive requests (ProFTPD's bind race)
+PASV_TWO_PORTS = (28990, 28991)
 
 
 def proftpd_binary() -> Path:
