@@ -14,6 +14,7 @@ While requests are outstanding it polls soon after a poll that found nothing (ba
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,10 +25,11 @@ from typing import BinaryIO
 from ftpbc.config.loader import load_config
 from ftpbc.config.models import Config
 from ftpbc.errors import FtpbcError, NotFound, RemoteHandlerError, RequestTimeout, TransportError
-from ftpbc.exchange.area import ERROR_REPLY_SUFFIX
-from ftpbc.exchange.lifecycle import Claimed, Exchange, op_id_for
-from ftpbc.exchange.partner import Transfer
+from ftpbc.exchange.envelope import ERROR_TYPE
+from ftpbc.exchange.layout import AreaLayout, Candidate, PartnerLayout
+from ftpbc.exchange.lifecycle import Claimed, Lifecycle, op_id_for
 from ftpbc.exchange.runtime import Runtime
+from ftpbc.faults import crash_point
 
 log = logging.getLogger("ftpbc.client")
 
@@ -37,10 +39,9 @@ DELIVERY_THREADS = 4
 
 
 class _ResponsePoller:
-    def __init__(self, endpoint: str, exchange: Exchange, prefix: str, poll_interval: float) -> None:
+    def __init__(self, endpoint: str, lifecycle: Lifecycle, poll_interval: float) -> None:
         self.endpoint = endpoint
-        self.exchange = exchange
-        self.prefix = prefix
+        self.lifecycle = lifecycle
         self.poll_interval = poll_interval
         self._waiters: dict[str, Future[tuple[bytes, bool]]] = {}
         self._cv = threading.Condition()
@@ -75,8 +76,8 @@ class _ResponsePoller:
                 wanted = set(self._waiters)
             try:
                 found = self._poll(wanted)
-            except FtpbcError as exc:
-                log.warning("%s: response poll failed: %s", self.endpoint, exc)
+            except Exception as exc:  # the response poller never dies: log, back off, go on
+                log.warning("%s: response poll failed: %s: %s", self.endpoint, type(exc).__name__, exc)
                 self._stranded = True  # a claim may be left in outselect: finish it next poll
                 found = 0
                 delay = self.poll_interval
@@ -89,18 +90,12 @@ class _ResponsePoller:
             delay = min(delay * 2, self.poll_interval)
 
     def _poll(self, wanted: set[str]) -> int:
-        ex = self.exchange
+        lc = self.lifecycle
         if self._stranded:
             self._reclaim(wanted)
             self._stranded = False
-        picks = []
-        for e in ex.transport.list(ex.area.dir("out", "box")):
-            if not e.name.startswith(self.prefix):
-                continue
-            uid = e.name[len(self.prefix):].removesuffix(ERROR_REPLY_SUFFIX)
-            if uid in wanted:
-                picks.append((e.name, uid, e.size))
-        claimed, _ = ex.claim("out", picks, "collect")
+        picks = [c for c in lc.waiting() if _correlation(c) in wanted]
+        claimed, _ = lc.claim(picks, "collect")
         self._deliver_all(claimed)
         return len(claimed)
 
@@ -135,45 +130,41 @@ class _ResponsePoller:
         failed): no other node returns them, since this node is alive, and no listing of outbox
         finds them again.  Archived when already delivered, delivered when still awaited, else
         returned to outbox."""
-        ex = self.exchange
-        for op in ex.journal.pending():
+        lc = self.lifecycle
+        for op in lc.journal.pending():
             if op.kind != "claim" or not op.op_id.endswith(".collect"):
                 continue
-            claimed = ex.collect_claim(op)
+            claimed = lc.claim_from_journal(op)
             if "delivered" in op.events:
-                ex.finish_collect(claimed)
-            elif claimed.uuid in wanted:
+                lc.finish_collect(claimed)
+            elif _correlation(claimed.candidate) in wanted:
                 self._deliver(claimed)
             else:
-                ex.unclaim(claimed)
+                lc.unclaim(claimed)
 
     def _deliver(self, claimed: Claimed) -> None:
-        import io
-
+        lc = self.lifecycle
         buf = io.BytesIO()
         try:
-            self.exchange.read(claimed, buf)
+            lc.read(claimed, buf)
         except NotFound:
-            self.exchange.journal.end(claimed.op_id)  # returned by a sweeper; seen next poll
+            lc.journal.end(claimed.op_id)  # returned by a sweeper; seen next poll
             return
         except TransportError as exc:
-            log.warning("%s: cannot read %s, leaving it for the next poll: %s",
-                        self.endpoint, claimed.name, exc)
-            self.exchange.unclaim(claimed)
+            what = lc.read_failed(claimed, exc)
+            log.warning("%s: cannot read %s: %s; %s", self.endpoint, claimed.name, exc, what)
             return
-        from ftpbc.faults import crash_point
-
         crash_point("collect.after-read")
-        assert claimed.uuid is not None
+        uid = _correlation(claimed.candidate)
         with self._cv:
-            fut = self._waiters.pop(claimed.uuid, None)
+            fut = self._waiters.pop(uid, None)
         if fut is None:
             # The caller gave up meanwhile: leave the response for a later collect of its UUID.
-            self.exchange.unclaim(claimed)
+            lc.unclaim(claimed)
             return
-        result = (buf.getvalue(), claimed.name.endswith(ERROR_REPLY_SUFFIX))
+        result = (buf.getvalue(), claimed.candidate.envelope.headers.type == ERROR_TYPE)
         try:
-            self.exchange.finish_collect(claimed)
+            lc.finish_collect(claimed)
         except FtpbcError as exc:
             # The answer is in hand: a failed archive rename (its reply lost, say) must not cost
             # the caller its response.  Marked delivered only once handed over, so a crash before
@@ -181,7 +172,7 @@ class _ResponsePoller:
             log.warning("%s: read %s but could not archive it yet: %s", self.endpoint, claimed.name, exc)
             fut.set_result(result)
             self._stranded = True
-            self.exchange.mark_delivered(claimed)
+            lc.mark_delivered(claimed)
             return
         fut.set_result(result)
 
@@ -213,11 +204,8 @@ class Client:
         self.runtime.heartbeat.start()
         # A client restarted with a fixed node id finishes what its predecessor left in the
         # journal (e.g. returns a claimed response to outbox, so collect() can find it).
-        from ftpbc.node.serve import recover
-
-        self.recovered = recover(self.runtime, orphans=False)
+        self.recovered = self.runtime.recover(orphans=False)
         self._pollers: dict[str, _ResponsePoller] = {}
-        self._transfers: dict[str, Transfer] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -239,19 +227,25 @@ class Client:
         send commands) and the returned path is where it ended up.
         """
         if endpoint in self.config.transfers:
-            return self._transfer(endpoint).send(_bytes(body))
-        ep = self.config.endpoint(endpoint)
-        name, uid = self.runtime.new_message_name(endpoint, ep.oneway_prefix)
-        ex = self.runtime.exchange(endpoint)
-        return ex.send("in", name, _bytes(body), op_id=op_id_for(uid, "send"), kind="oneway")
+            lc = self.runtime.transfer(endpoint)
+            assert isinstance(lc.layout, PartnerLayout)
+            op_id = op_id_for(None, "send")
+            return lc.send(lc.layout.plan(op_id, self.runtime.node_id), _bytes(body), op_id=op_id,
+                           kind="transfer")
+        name, uid = self.runtime.new_message(endpoint, "oneway")
+        return self._send(endpoint, name, uid, body, "oneway")
 
     def submit(self, endpoint: str, body: bytes | str | BinaryIO) -> str:
         """Send a request without waiting; return its UUID for :meth:`collect`."""
-        ep = self.config.endpoint(endpoint)
-        name, uid = self.runtime.new_message_name(endpoint, ep.request_prefix)
-        ex = self.runtime.exchange(endpoint)
-        ex.send("in", name, _bytes(body), op_id=op_id_for(uid, "send"), kind="request")
+        name, uid = self.runtime.new_message(endpoint, "request")
+        self._send(endpoint, name, uid, body, "request")
         return uid
+
+    def _send(self, endpoint: str, name: str, uid: str, body: bytes | str | BinaryIO, kind: str) -> str:
+        lc = self.runtime.lifecycle(endpoint)
+        assert isinstance(lc.layout, AreaLayout)
+        out = lc.layout.outbound(name, self.runtime.node_id, lc.clock())
+        return lc.send(out, _bytes(body), op_id=op_id_for(uid, "send"), kind=kind)
 
     def collect(self, endpoint: str, uuid: str, timeout: float | None = None, *,
                 request_name: str | None = None) -> bytes:
@@ -283,41 +277,32 @@ class Client:
 
         A request that times out is withdrawn from the inbox when no provider has claimed it yet.
         """
-        ep = self.config.endpoint(endpoint)
-        name, uid = self.runtime.new_message_name(endpoint, ep.request_prefix)
-        ex = self.runtime.exchange(endpoint)
+        name, uid = self.runtime.new_message(endpoint, "request")
         poller = self._poller(endpoint)
         # Registered before sending, and this very future awaited: a reply delivered before this
         # thread gets to wait (a busy machine) completes it all the same.
         fut = poller.wait_for(uid)
         try:
-            ex.send("in", name, _bytes(body), op_id=op_id_for(uid, "send"), kind="request")
+            self._send(endpoint, name, uid, body, "request")
         except BaseException:
             poller.forget(uid)
             raise
         try:
             return self._await(poller, uid, fut, timeout, name)
         except RequestTimeout:
+            lc = self.runtime.lifecycle(endpoint)
             try:
-                ex.transport.delete(ex.area.path("in", "box", name))
+                lc.transport.delete(lc.layout.box_path(name))
             except (NotFound, TransportError):
                 pass
             raise
-
-    def _transfer(self, name: str) -> Transfer:
-        with self._lock:
-            tr = self._transfers.get(name)
-            if tr is None:
-                tr = self._transfers[name] = Transfer.from_runtime(self.runtime, name)
-            return tr
 
     def _poller(self, endpoint: str) -> _ResponsePoller:
         with self._lock:
             poller = self._pollers.get(endpoint)
             if poller is None:
                 ep = self.config.endpoint(endpoint)
-                poller = _ResponsePoller(endpoint, self.runtime.exchange(endpoint), ep.response_prefix,
-                                         ep.poll_interval)
+                poller = _ResponsePoller(endpoint, self.runtime.lifecycle(endpoint, "out"), ep.poll_interval)
                 self._pollers[endpoint] = poller
             return poller
 
@@ -329,6 +314,11 @@ class Client:
             p.close()
         self.runtime.heartbeat.stop()
         self.runtime.close()
+
+
+def _correlation(c: Candidate) -> str:
+    """The request a response answers."""
+    return c.envelope.headers.correlation_id or c.uuid
 
 
 def _bytes(body: bytes | str | BinaryIO) -> bytes | BinaryIO:

@@ -5,7 +5,8 @@ the N-th time the point is reached (``serve.after-commit@3``).  Several points m
 separated by commas.  Unset, :func:`crash_point` costs one dictionary lookup.
 
 The points, in the order a request meets them (``POINTS``), sit between every journal write and
-every remote write on both sides, and inside recovery.
+every remote write on both sides, and inside recovery.  Endpoints and transfers share them: both
+run the one lifecycle of :mod:`ftpbc.exchange.lifecycle`.
 """
 
 from __future__ import annotations
@@ -22,9 +23,6 @@ POINTS = (
     "serve.after-result", "serve.after-stage", "serve.after-commit", "serve.after-expose",
     # client: collecting the response
     "collect.after-intent", "collect.after-claim", "collect.after-read", "collect.after-archive",
-    # transfers (ftpbc/transfer.py): receiving, then the outbound file of a send or a result
-    "transfer.after-claim", "transfer.after-result", "transfer.after-stage", "transfer.after-commit",
-    "transfer.before-expose", "transfer.after-expose",
     # recovery itself
     "recover.before-op", "recover.after-op",
 )

@@ -8,7 +8,7 @@ The handler's invocation log
     :func:`handler` appends ``start <uuid> <node>`` before its work and ``return <uuid> <node>``
     after it, to the file named by ``FTPBC_TEST_HANDLER_LOG`` (``O_APPEND``, one ``write`` per
     line, so a killed node leaves a ``start`` without its ``return``).  Importing this module in a
-    node also wraps :meth:`Exchange.record_served` so that ``recorded <uuid> <node>`` is logged
+    node also wraps :meth:`Lifecycle.record_served` so that ``recorded <uuid> <node>`` is logged
     once the handler's result is durable in the journal: from then on the core promises never to
     run the handler again, so a second ``recorded`` for one UUID is a violation, whereas a second
     ``return`` whose first one was cut short by a kill before its result was recorded is ordinary
@@ -42,7 +42,7 @@ import yaml
 
 from ftpbc.errors import FtpbcError, RequestTimeout, TransportError
 from ftpbc.exchange.area import KINDS
-from ftpbc.exchange.lifecycle import Exchange
+from ftpbc.exchange.lifecycle import Lifecycle
 from ftpbc.exchange.message import Message
 from ftpbc.journal import Journal
 
@@ -84,10 +84,10 @@ def handler(message: Message) -> bytes:
     return b"re:" + body
 
 
-_original_record_served = Exchange.record_served
+_original_record_served = Lifecycle.record_served
 
 
-def _record_served_logged(self: Exchange, claimed: Any, result: bytes, **kw: Any) -> dict[str, str]:
+def _record_served_logged(self: Lifecycle, claimed: Any, result: bytes | None, **kw: Any) -> dict[str, str]:
     fields = _original_record_served(self, claimed, result, **kw)
     _log_line("recorded", claimed.uuid)
     return fields
@@ -95,7 +95,7 @@ def _record_served_logged(self: Exchange, claimed: Any, result: bytes, **kw: Any
 
 if os.environ.get(LOG_ENV):
     # Only inside the instrumented nodes: the pytest process itself is left untouched.
-    Exchange.record_served = _record_served_logged  # type: ignore[method-assign]
+    Lifecycle.record_served = _record_served_logged  # type: ignore[method-assign]
 
 
 @dataclass
@@ -367,12 +367,12 @@ class Ledger:
 
 def _recover_own_send(client: Any, stop: threading.Event) -> tuple[str, str]:
     """After a failed submit: replay this client's journal; (uuid, outcome) of its send."""
-    from ftpbc.exchange.recovery import recover_endpoint
+    from ftpbc.exchange.recovery import recover_pending
 
-    ex = client.runtime.exchange(ENDPOINT)
+    lifecycles = client.runtime.endpoint_lifecycles(ENDPOINT)
     while True:
         try:
-            actions = recover_endpoint(ex)
+            actions = recover_pending(lifecycles)
             break
         except TransportError:
             if stop.wait(0.2):

@@ -26,7 +26,7 @@ import pytest
 from ftpbc.client import Client
 from ftpbc.config.models import Config
 from ftpbc.errors import RemoteHandlerError, RequestTimeout
-from ftpbc.exchange.lifecycle import Exchange
+from ftpbc.exchange.lifecycle import Lifecycle
 from ftpbc.exchange.message import Message
 from ftpbc.journal import Journal
 from ftpbc.node.serve import Node
@@ -152,16 +152,16 @@ def test_reply_delivered_before_the_caller_waits_is_not_missed(rig: Rig,
     """A busy machine can deschedule the requesting thread between its send and its wait for
     long enough that the whole exchange completes meanwhile: the reply must still reach it."""
     assert rig.client is not None
-    send = Exchange.send
+    send = Lifecycle.send
 
-    def send_then_stall(self: Exchange, direction: Any, name: str, body: Any, **kw: Any) -> str:
-        target = send(self, direction, name, body, **kw)
-        uid = name.removeprefix("req.")
+    def send_then_stall(self: Lifecycle, out: Any, body: Any, **kw: Any) -> str:
+        target = send(self, out, body, **kw)
+        uid = target.rsplit("/", 1)[-1].removeprefix("req.")
         wait_until(lambda: any(n.startswith(f"resp.{uid}~") for n in rig.files("echo", "outarchive")),
                    timeout=20, what="the reply to be delivered and archived")
         return target
 
-    monkeypatch.setattr(Exchange, "send", send_then_stall)
+    monkeypatch.setattr(Lifecycle, "send", send_then_stall)
     assert rig.client.request("echo", b"quick", timeout=5) == b"quick"
     rig.stop()
     rig.assert_settled("echo")

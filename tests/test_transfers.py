@@ -24,7 +24,7 @@ from tests.servers.handle import ServerHandle
 from tests.support import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-FAST = {"poll_interval": 0.05}
+FAST = {"poll_interval": 0.05, "stable_for": 0.2}
 CLI = [sys.executable, "-c", "from ftpbc.cli import main; main()"]
 
 
@@ -238,37 +238,87 @@ def write_yaml(tmp_path: Path, handle: ServerHandle, transfers: dict[str, dict[s
     return path
 
 
-def test_crash_after_commit_loses_and_duplicates_nothing(server: ServerHandle, tmp_path: Path) -> None:
-    """SIGKILL between committing a received file and exposing its result; a restart finishes it."""
+#: every crash point a received file passes through, in order
+RECEIVE_POINTS = ["claim.after-intent", "claim.after-rename", "serve.after-result", "serve.after-stage",
+                  "serve.after-commit", "serve.after-expose"]
+#: crash points of recovery itself: the node is first killed after recording a result
+RECOVERY_POINTS = ["recover.before-op", "recover.after-op"]
+SEND_POINTS = ["send.after-intent", "send.after-put", "send.after-expose"]
+
+
+def _crash_setup(request: pytest.FixtureRequest, kind: str, tmp_path: Path,
+                 send_to: str = "in/%f") -> tuple[ServerHandle, str, Path]:
+    server: ServerHandle = request.getfixturevalue(f"{kind}_server")
     base = server.fresh_dir()
     out = server.local(base) / "out"
     out.mkdir()
     out.chmod(0o777)
-    for i in range(3):
-        (out / f"F{i}.txt").write_bytes(f"file {i}".encode())
     (tmp_path / "crashhandlers.py").write_text(HANDLER_MODULE, encoding="utf-8")
     config = write_yaml(tmp_path, server, {"up": {
         "receive_from": f"{base}/out/F%*.txt", "handler": "crashhandlers:upper", "workers": 1,
-        "send_to": f"{base}/in/%f", "post_send": "rename", "post_send_to": "%p/%f.ok"}})
-    serve = [*CLI, "serve", "-c", str(config)]
-    crashed = subprocess.run(serve, cwd=REPO_ROOT, capture_output=True, timeout=60,
-                             env=subprocess_env(tmp_path, FTPBC_CRASH_AT="transfer.after-commit@2"))
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr.decode()[-2000:]
+        "send_to": f"{base}/{send_to}", "pre_send": "rename", "post_send": "rename",
+        "post_send_to": "%p/%f.ok"}})
+    return server, base, config
+
+
+def _run_crashing(config: Path, tmp_path: Path, point: str, *args: str) -> None:
+    crashed = subprocess.run([*CLI, *args, "-c", str(config)], cwd=REPO_ROOT, capture_output=True,
+                             timeout=60, env=subprocess_env(tmp_path, FTPBC_CRASH_AT=point))
+    assert crashed.returncode == -signal.SIGKILL, f"{point}: {crashed.stderr.decode()[-2000:]}"
+
+
+@pytest.mark.parametrize("point", RECEIVE_POINTS + RECOVERY_POINTS)
+@pytest.mark.parametrize("kind", ["pyftpdlib", "vsftpd"])
+def test_receiving_node_killed_at_every_point_loses_and_duplicates_nothing(
+        request: pytest.FixtureRequest, kind: str, point: str, tmp_path: Path) -> None:
+    """SIGKILL at each step of receiving the second of three files; a restart finishes the job:
+    every result once, under its final name, the handler never run twice, nothing left over."""
+    server, base, config = _crash_setup(request, kind, tmp_path)
+    out = server.local(base) / "out"
+    for i in range(3):
+        (out / f"F{i}.txt").write_bytes(f"file {i}".encode())
+    first = "serve.after-result@2" if point in RECOVERY_POINTS else f"{point}@2"
+    _run_crashing(config, tmp_path, first, "serve")
     inbox = server.local(base) / "in"
-    assert len(list(inbox.glob("*.ok"))) == 1  # the first file was done, the second committed only
+    assert len(list(inbox.glob("*.ok"))) <= 1 + (point == "serve.after-expose")
+    if point in RECOVERY_POINTS:
+        _run_crashing(config, tmp_path, point, "recover")
 
     log = tmp_path / "node.log"
     with open(log, "wb") as sink:
-        proc = subprocess.Popen(serve, cwd=REPO_ROOT, stdout=sink, stderr=sink, env=subprocess_env(tmp_path))
+        proc = subprocess.Popen([*CLI, "serve", "-c", str(config)], cwd=REPO_ROOT, stdout=sink, stderr=sink,
+                                env=subprocess_env(tmp_path))
     try:
         wait_until(lambda: len(list(inbox.glob("*.ok"))) == 3, timeout=30, what="all three results")
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, log.read_text(errors="replace")[-2000:]
-    assert "rolled forward" in log.read_text() or "recorded result delivered" in log.read_text()
     assert files(inbox) == {f"F{i}.txt.ok": f"FILE {i}".encode() for i in range(3)}
     calls = (tmp_path / "calls.log").read_text().split()
     assert sorted(calls) == ["F0.txt", "F1.txt", "F2.txt"]  # the handler never ran twice
     assert not list(out.glob("F*.txt"))
     assert len(list((out / ".ftpbc-archive").iterdir())) == 3
     assert not list((out / ".ftpbc-select").iterdir())
+    stage = server.local(base) / "in" / ".ftpbc-stage"
+    assert not stage.exists() or not list(stage.iterdir())
+
+
+@pytest.mark.parametrize("point", SEND_POINTS)
+@pytest.mark.parametrize("kind", ["pyftpdlib", "vsftpd"])
+def test_sender_killed_at_every_point_leaves_nothing_torn(
+        request: pytest.FixtureRequest, kind: str, point: str, tmp_path: Path) -> None:
+    """``ftpbc send`` to a transfer killed at each step, then recovered: the file is either not
+    there at all (never acknowledged) or complete under its final name; no stage file is left."""
+    server, base, config = _crash_setup(request, kind, tmp_path, send_to="in/S%u.txt")
+    _run_crashing(config, tmp_path, point, "send", "up", "--data", "hello partner")
+    recovered = subprocess.run([*CLI, "recover", "-c", str(config)], cwd=REPO_ROOT, capture_output=True,
+                               timeout=60, env=subprocess_env(tmp_path))
+    assert recovered.returncode == 0, recovered.stderr.decode()[-2000:]
+    inbox = server.local(base) / "in"
+    landed = files(inbox) if inbox.exists() else {}
+    if point == "send.after-expose":
+        assert list(landed.values()) == [b"hello partner"]
+        assert next(iter(landed)).endswith(".ok")
+    else:
+        assert landed == {}, recovered.stdout.decode()
+        assert "rolled back" in recovered.stdout.decode() or point == "send.after-intent"

@@ -79,9 +79,16 @@ class EndpointConfig(_Frozen):
     max_per_poll: int = Field(default=32, ge=1)
     workers: int = Field(default=5, ge=1, le=256)
     lock: Literal["file", "none"] = "file"
-    stage: bool = True
-    protect: bool = True
+    #: how headers and properties are written in file names: ftpbc | dropboxmq (docs/naming.md)
+    naming: Literal["ftpbc", "dropboxmq"] = "ftpbc"
+    #: move an existing file aside (to in/outprotect, name + stamp) before a new one takes its
+    #: name; off by default: ftpbc's names carry a UUID, and the check costs a round trip
+    protect: bool = False
     archive: bool = True
+    #: a message whose read fails this many times goes to the error directory with its reason
+    max_deliveries: int = Field(default=5, ge=1, le=1000)
+    #: seconds a node waits before claiming a returned message again (doubling per delivery)
+    redelivery_delay: float = Field(default=1.0, ge=0)
     #: how long a request waits for its response, seconds
     timeout: float = Field(default=30.0, gt=0)
     #: time zone of date letters in names (IANA name)
@@ -147,6 +154,13 @@ class EndpointConfig(_Frozen):
             raise ValueError(
                 f"message_name {self.message_name!r} must contain %u: the UUID correlates a response "
                 "with its request")
+        if self.naming == "dropboxmq" and self.message_name != "%u":
+            raise ValueError(f"message_name {self.message_name!r} applies to naming: ftpbc; with "
+                             "naming: dropboxmq every field of the name is DropboxMQ's")
+        if ";" in self.message_name or any(";" in p for p in (self.request_prefix, self.response_prefix,
+                                                              self.oneway_prefix)):
+            raise ValueError("message_name and prefixes may not contain ';', which starts a name's "
+                             "header fields (docs/naming.md)")
         prefixes = (self.request_prefix, self.response_prefix, self.oneway_prefix)
         if len(set(prefixes)) < 3 or any(a != b and a.startswith(b) for a in prefixes for b in prefixes):
             raise ValueError(f"request, response and one-way prefixes {prefixes} must differ and "
@@ -206,6 +220,11 @@ class TransferConfig(_Frozen):
     stage_dir: str | None = None
     #: files whose handler raised, with ``<name>.reason`` beside (default ``<receive dir>/.ftpbc-error``)
     error_dir: str | None = None
+    #: a file is received only once its size and time stayed unchanged for this many seconds
+    #: (partners that upload in place); 0 for partners that stage and rename
+    stable_for: float = Field(default=1.0, ge=0)
+    max_deliveries: int = Field(default=5, ge=1, le=1000)
+    redelivery_delay: float = Field(default=1.0, ge=0)
     poll_interval: float = Field(default=1.0, gt=0)
     max_per_poll: int = Field(default=32, ge=1)
     workers: int = Field(default=2, ge=1, le=256)

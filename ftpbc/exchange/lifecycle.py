@@ -1,44 +1,62 @@
-"""The message lifecycle, written once above the transport: stage, expose, claim, read, serve,
-collect, archive, each remote write preceded by its journal record.
+"""The message lifecycle, written once above the transport for every layout: stage, expose,
+claim, read, serve, commit, respond, archive or delete, error, return; each remote write
+preceded by its journal record.
 
 Who calls what
-    a client      :meth:`Exchange.send` a request, then :meth:`claim` / :meth:`read` /
-                  :meth:`finish_collect` its response;
-    a provider    :meth:`claim` / :meth:`read` a request, then :meth:`record_served` and
-                  :meth:`finish_served`.
+    a sender      :meth:`Lifecycle.send` (a request, a one-way message, a file to a partner);
+    a provider    :meth:`claim` / :meth:`read`, the handler, then :meth:`record_served` and
+                  :meth:`finish_served` (endpoints and transfers alike);
+    a collector   :meth:`claim` / :meth:`read` a response, then :meth:`finish_collect`.
 
 The provider's order is what makes a crash decidable from the server alone::
 
-    served (durable record with the result)  ->  put outstage/resp.X~me
-      -> commit: rename inselect/req.X~me -> inarchive/req.X~me~stamp   (ownership)
-      -> expose: rename outstage/resp.X~me -> outbox/resp.X
+    served (durable record: the result and every name still to use)
+      -> put the reply's stage file                   (a response, or a transfer's outbound file)
+      -> COMMIT: rename the claim to its archive / error / post_receive place   (ownership)
+      -> expose the reply: protect an existing target, rename stage -> target, post_send rename
 
 If the commit finds its source gone, another node returned this node's claim (it looked dead)
-and may serve the request: this node deletes its staged response instead of exposing it, so a
-slow node never causes a second response.  Recovery (``journal/recovery.py``) uses the same order
-to decide every pending operation with a few ``stat`` calls.
+and may serve the message: this node deletes its staged reply instead of exposing it, so a slow
+node never causes a second reply.  A commit whose reply is lost is decided from the server (the
+commit target exists: done; the claim still exists: retried; neither: lost).  Recovery
+(:mod:`ftpbc.exchange.recovery`) runs the very same :meth:`finish_served`.
+
+Delivery count and poison messages
+    A claimed message that cannot be read (refused, short, not a regular file) goes back to its
+    box with its delivery count raised in its name, and this node does not claim it again for
+    ``redelivery_delay`` seconds (doubling with each delivery).  At ``max_deliveries`` it goes to
+    the error directory with ``<name>.reason`` beside it.  A connection that drops mid-read is
+    not the message's fault: that claim goes back unchanged.  A handler's exception is its
+    answer: the message goes to the error directory at once (a requester gets the error reply).
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import re
+import tempfile
 import threading
+import time
 import uuid as uuidlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import BinaryIO
 
-from ftpbc.errors import IncompleteRead, NotFound, OutcomeUnknown, SourceGone
-from ftpbc.exchange.area import (
-    ERROR_REPLY_SUFFIX,
-    REASON_SUFFIX,
-    Direction,
-    ExchangeArea,
-    archive_name,
-    claim_name,
+from ftpbc.errors import (
+    IncompleteRead,
+    NotFound,
+    OutcomeUnknown,
+    PermissionDenied,
+    ProtocolError,
+    SourceGone,
+    TransportError,
+    UnsafeEntry,
 )
+from ftpbc.exchange.area import REASON_SUFFIX, archive_name
+from ftpbc.exchange.envelope import Envelope, Headers
+from ftpbc.exchange.layout import Candidate, Commit, Layout, Outbound
 from ftpbc.faults import crash_point
 from ftpbc.journal import EndpointJournal, Operation
 from ftpbc.transport.base import Transport
@@ -47,21 +65,36 @@ log = logging.getLogger("ftpbc.lifecycle")
 
 Body = bytes | BinaryIO
 
-
 #: ``Claimed.size`` of a claim found in the journal rather than in a listing
 UNKNOWN_SIZE = -1
+#: handler results and files this large stay in memory; larger ones spool to disk
+SPOOL_IN_MEMORY = 4 * 1024 * 1024
+#: read failures that are the file's fault (counted as a delivery), not the connection's
+POISON_ERRORS: tuple[type[TransportError], ...] = (PermissionDenied, IncompleteRead, ProtocolError)
+#: names a node holds back after a failed delivery, at most (the oldest holds are dropped)
+MAX_HELD = 100_000
+_TOKEN = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
 @dataclass(frozen=True)
 class Claimed:
-    """A file this node claimed into a select directory."""
+    """A message this node claimed (into the select directory, or in place)."""
 
-    direction: Direction
-    name: str  # the name it had in the box, e.g. req.<uuid>
+    candidate: Candidate
     path: str  # where it is now, e.g. /q/inselect/req.<uuid>~node-a
     op_id: str
-    uuid: str | None
-    size: int  # as listed, or UNKNOWN_SIZE
+
+    @property
+    def name(self) -> str:
+        return self.candidate.name
+
+    @property
+    def uuid(self) -> str:
+        return self.candidate.uuid
+
+    @property
+    def size(self) -> int:
+        return self.candidate.size
 
 
 def op_id_for(uuid: str | None, role: str) -> str:
@@ -86,83 +119,76 @@ def rename_resolving(transport: Transport, src: str, dst: str) -> None:
         # else the first rename happened (the target may already be claimed by a consumer)
 
 
-def claim_files(transport: Transport, journal: EndpointJournal, plan: Sequence[tuple[str, str, str]],
-                *, intent_point: str, rename_point: str, durable: bool = True) -> set[int]:
-    """Claim ``(op_id, src, dst)`` files by renaming; return the indexes of the claims won.
+class Lifecycle:
+    """One layout's messages as seen by one node.  Thread-safe."""
 
-    One batch of ``claim`` records (src, dst) comes first, so recovery can return every claim
-    (rename dst -> src); ``durable`` makes it one fsync per poll.  A lost race ends its
-    operation at once.
-    """
-    journal.record_many([(op, "claim", {"src": src, "dst": dst}) for op, src, dst in plan],
-                        durable=durable)
-    crash_point(intent_point)
-    won: set[int] = set()
-    for i, (op, src, dst) in enumerate(plan):
-        try:
-            transport.rename(src, dst)
-        except SourceGone:
-            journal.end(op)
-            continue
-        except OutcomeUnknown:
-            if not transport.exists(dst):
-                journal.end(op)
-                continue
-        crash_point(rename_point)
-        won.add(i)
-    return won
-
-
-class Exchange:
-    """One endpoint's exchange area as seen by one node."""
-
-    def __init__(self, endpoint: str, area: ExchangeArea, transport: Transport,
-                 journal: EndpointJournal, node_id: str, *, archive: bool = True,
-                 response_prefix: str = "resp.",
+    def __init__(self, layout: Layout, transport: Transport, journal: EndpointJournal, node_id: str, *,
+                 max_deliveries: int = 5, redelivery_delay: float = 1.0,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
-        self.endpoint = endpoint
-        self.area = area
+        self.layout = layout
+        layout.reserve = len(archive_name("", node_id, datetime.now(UTC)).encode("utf-8"))
         self.transport = transport
         self.journal = journal
         self.node_id = node_id
-        self.archive = archive
-        self.response_prefix = response_prefix
+        self.max_deliveries = max_deliveries
+        self.redelivery_delay = redelivery_delay
         self.clock = clock
         self._prepared = False
-        self._prepare_lock = threading.Lock()
+        self._lock = threading.Lock()
+        #: name -> monotonic time before which this node does not claim it again
+        self._held: dict[str, float] = {}
+        #: deliveries of files read in place (their names cannot carry a count)
+        self._in_place_deliveries: dict[str, int] = {}
+
+    @property
+    def name(self) -> str:
+        return self.layout.display
 
     # ------------------------------------------------------------------ setup
 
     def prepare(self) -> None:
-        """Create the exchange area's directories that are missing (once per process)."""
-        with self._prepare_lock:
+        """Create the layout's directories that are missing (once per process)."""
+        with self._lock:
             if self._prepared:
                 return
-            for d in self.area.all_dirs():
-                self.transport.mkdir(d)
+            self.layout.prepare(self.transport)
             self._prepared = True
+
+    # ------------------------------------------------------------------ listing
+
+    def waiting(self) -> list[Candidate]:
+        """The messages waiting in the box, in delivery order, less those held back here."""
+        found = self.layout.candidates(self.transport.list(self.layout.box))
+        held = self._held
+        if held:
+            now = time.monotonic()
+            with self._lock:
+                for name in [n for n, t in held.items() if t <= now]:
+                    del held[name]
+                if held:
+                    found = [c for c in found if c.name not in held]
+        return found
 
     # ------------------------------------------------------------------ sending
 
-    def send(self, direction: Direction, name: str, body: Body, *, op_id: str, kind: str) -> str:
-        """Stage ``body`` under ``name`` and expose it in the box; return the exposed path.
+    def send(self, out: Outbound, body: Body, *, op_id: str, kind: str) -> str:
+        """Stage ``body`` and expose it at ``out``; return where it is once in place.
 
-        ``kind`` is ``request`` or ``oneway``: responses are never sent this way (they are
-        staged and exposed by :meth:`finish_served`, whose commit proves the upload complete).
-        On return the file is visible, complete, in ``<direction>box``.  If this raises, the
-        journal still holds the intent and recovery rolls it back.
+        On return the file is visible and complete.  If this raises, the journal still holds the
+        intent and recovery rolls it back (a staged file is removed: the sender never got an
+        acknowledgement).
         """
-        stage = self.area.path(direction, "stage", claim_name(name, self.node_id))
-        target = self.area.path(direction, "box", name)
         # Not fsynced: written before the put, it survives a kill of this process (the page
         # cache outlives it); after a machine crash, recovery finds the stage file by the node
         # id in its name instead (recovery.recover_orphans).  Only results need fsync.
-        self.journal.record(op_id, "send", kind=kind, stage=stage, target=target)
+        self.journal.record_many([(op_id, "send", {"kind": kind, **out.fields()})], durable=False)
         crash_point("send.after-intent")
-        self.transport.put(stage, _stream(body))
-        crash_point("send.after-put")
+        if out.stage:
+            self.layout.ensure_dir(self.transport, out.stage)
+            self.transport.put(out.stage, _stream(body))
+            crash_point("send.after-put")
         try:
-            self._rename_resolving(stage, target)
+            where = self.expose(out, staged=True, body=lambda: _stream(body))
         except SourceGone:
             # A sweeper removed our staged file, judging this node dead (its heartbeat was
             # older than the lease).  The message was never exposed: say so.
@@ -170,88 +196,208 @@ class Exchange:
             raise
         crash_point("send.after-expose")
         self.journal.end(op_id)
-        return target
+        return where
 
-    def expose(self, stage: str, target: str) -> None:
-        """Rename a staged response into place; a sweeper having done it already is fine."""
-        try:
-            self._rename_resolving(stage, target)
-        except SourceGone:
-            log.warning("%s: %s was no longer staged; another node exposed it", self.endpoint, stage)
+    def expose(self, out: Outbound, *, staged: bool, body: Callable[[], BinaryIO] | None) -> str:
+        """From a complete staged file (or, unstaged, from ``body``) to target and final names.
 
-    def _rename_resolving(self, stage: str, target: str) -> None:
-        rename_resolving(self.transport, stage, target)
+        ``staged``: the stage file is known to hold the whole message.  Idempotent: after a crash
+        or a lost reply, a step whose source is gone had happened already.
+        """
+        t, layout = self.transport, self.layout
+        if out.stage:
+            if staged:
+                self._protect(out)
+                layout.ensure_dir(t, out.target)
+                rename_resolving(t, out.stage, out.target)
+        elif body is not None:
+            self._protect(out)
+            layout.ensure_dir(t, out.target)
+            t.put(out.target, body())
+        if out.final:
+            layout.ensure_dir(t, out.final)
+            try:
+                rename_resolving(t, out.target, out.final)
+            except SourceGone:
+                if not t.exists(out.final):
+                    log.warning("%s: %s was gone before its post_send rename to %s (taken already?)",
+                                self.name, out.target, out.final)
+        return out.where
+
+    def _protect(self, out: Outbound) -> None:
+        """Move (or copy) an existing target aside before a new file takes its name."""
+        if not out.protect:
+            return
+        t = self.transport
+        self.layout.ensure_dir(t, out.protect)
+        if not out.protect_copy:
+            try:
+                rename_resolving(t, out.target, out.protect)
+            except SourceGone:
+                pass  # no existing target: nothing to protect
+            return
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) as spool:
+            try:
+                t.get(out.target, spool)  # type: ignore[arg-type]
+            except NotFound:
+                return
+            spool.seek(0)
+            t.put(out.protect, spool)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ claiming and reading
 
-    def claim(self, direction: Direction, names: Sequence[tuple[str, str | None, int]],
-              role: str) -> tuple[list[Claimed], int]:
-        """Claim ``(name, uuid, size)`` files from the box; return (claimed, races lost).
+    def claim(self, picks: Sequence[Candidate], role: str) -> tuple[list[Claimed], int]:
+        """Claim ``picks`` from the box; return (claimed, races lost).
 
-        One journal record batch covers the whole poll.  It is not fsynced: claims carry this
-        node's id in their names, so after a machine crash recovery finds them by listing the
-        select directory (recovery.recover_orphans); a killed process leaves the records in the
-        page cache, which outlives it.
+        One journal record batch covers the whole poll, written before any rename so recovery
+        can return every claim.  It is not fsynced: claims carry this node's id in their names,
+        so after a machine crash recovery finds them by listing the select directory
+        (recovery.recover_orphans); a killed process leaves the records in the page cache.
+        A layout that reads in place (no select directory) claims nothing: the poll lock is
+        what keeps other nodes off those files, and the caller handles them while holding it.
         """
-        if not names:
+        if not picks:
             return [], 0
-        plan = [(name, uid, size, op_id_for(uid, role),
-                 self.area.path(direction, "box", name),
-                 self.area.path(direction, "select", claim_name(name, self.node_id)))
-                for name, uid, size in names]
-        won = claim_files(self.transport, self.journal, [(op, src, dst) for _, _, _, op, src, dst in plan],
-                          intent_point="claim.after-intent" if role == "serve" else "collect.after-intent",
-                          rename_point="claim.after-rename" if role == "serve" else "collect.after-claim",
-                          durable=False)
-        claimed = [Claimed(direction, name, dst, op, uid, size)
-                   for i, (name, uid, size, op, _, dst) in enumerate(plan) if i in won]
-        return claimed, len(plan) - len(claimed)
+        layout = self.layout
+        plan = [(c, self._op_id(c, role), layout.box_path(c.name), layout.claim_path(c.name, self.node_id))
+                for c in picks]
+        self.journal.record_many([(op, "claim", {"src": src, "dst": dst}) for _, op, src, dst in plan],
+                                 durable=False)
+        serving = role == "serve"
+        crash_point("claim.after-intent" if serving else "collect.after-intent")
+        if layout.select is None:
+            return [Claimed(c, src, op) for c, op, src, _ in plan], 0
+        won: list[Claimed] = []
+        for c, op, src, dst in plan:
+            try:
+                self.transport.rename(src, dst)
+            except SourceGone:
+                self.journal.end(op)
+                continue
+            except OutcomeUnknown:
+                if not self.transport.exists(dst):
+                    self.journal.end(op)
+                    continue
+            crash_point("claim.after-rename" if serving else "collect.after-claim")
+            won.append(Claimed(c, dst, op))
+        return won, len(plan) - len(won)
+
+    def _op_id(self, c: Candidate, role: str) -> str:
+        """The message id plus its role where ids are unique tokens (an endpoint's UUIDs), a
+        fresh UUID otherwise (a partner's file names may repeat or hold spaces)."""
+        uid = c.uuid
+        if self.layout.unique_ids and _TOKEN.fullmatch(uid):
+            return f"{uid}.{role}"
+        return op_id_for(None, role)
 
     def read(self, claimed: Claimed, sink: BinaryIO) -> int:
         """Read a claimed file into ``sink``; return its size.
 
-        Raises IncompleteRead when the byte count differs from the listed size (``claimed.size``
-        unless it is ``UNKNOWN_SIZE``): files are complete when they enter a box and never change
-        there, so a short read is a transfer fault even if the server said it succeeded, and a
-        handler must not see half a message.
+        NotFound means the claim vanished (another node returned it); a file that is there but
+        cannot be read raises PermissionDenied.  Raises IncompleteRead when the byte count
+        differs from the listed size (unless it is ``UNKNOWN_SIZE``): files are complete when
+        they become candidates and never change there, so a short read is a transfer fault
+        even if the server said it succeeded, and a handler must not see half a message.
         """
-        got = self.transport.get(claimed.path, sink)
+        t = self.transport
+        try:
+            got = t.get(claimed.path, sink)
+        except UnsafeEntry:
+            raise
+        except NotFound:
+            # Some servers answer 550 "Failed to open file" for a file they cannot read (a
+            # partner's 0600 upload): if the claim is still there, the file is the problem.
+            if t.exists(claimed.path):
+                raise PermissionDenied("the server will not let this node read it", server=t.server,
+                                       path=claimed.path) from None
+            raise
         if claimed.size != UNKNOWN_SIZE and got != claimed.size:
             raise IncompleteRead(f"read {got} bytes of a file listed with {claimed.size}",
                                  server=self.transport.server, path=claimed.path)
         return got
 
     def unclaim(self, claimed: Claimed) -> None:
-        """Put a claimed file back in its box for anyone to take (a failed read, a shutdown)."""
-        try:
-            self.transport.rename(claimed.path, self.area.path(claimed.direction, "box", claimed.name))
-        except SourceGone:
-            pass
+        """Put a claimed file back in its box unchanged (a dropped connection, a shutdown)."""
+        if claimed.path != self.layout.box_path(claimed.name):
+            try:
+                self.transport.rename(claimed.path, self.layout.box_path(claimed.name))
+            except SourceGone:
+                pass
         self.journal.end(claimed.op_id)
 
-    # ------------------------------------------------------------------ provider: completing
+    def read_failed(self, claimed: Claimed, exc: TransportError) -> str:
+        """Decide what a failed read means; return what was done (for the log line)."""
+        if isinstance(exc, POISON_ERRORS):
+            return self.redeliver(claimed, f"{type(exc).__name__}: {exc}")
+        self.unclaim(claimed)
+        return "returned unchanged (connection fault)"
 
-    def response_name(self, uuid: str, *, error: bool) -> str:
-        return f"{self.response_prefix}{uuid}{ERROR_REPLY_SUFFIX if error else ''}"
+    def redeliver(self, claimed: Claimed, reason: str) -> str:
+        """Give a message back with its delivery count raised, or file it as an error once it
+        has had ``max_deliveries``.  Returns what was done."""
+        layout = self.layout
+        in_place = claimed.path == layout.box_path(claimed.name)
+        with self._lock:
+            if in_place:
+                count = self._in_place_deliveries.get(claimed.name, 0) + 1
+                self._in_place_deliveries[claimed.name] = count
+            else:
+                count = claimed.candidate.envelope.headers.delivery_count + 1
+        if count >= self.max_deliveries:
+            with self._lock:
+                self._in_place_deliveries.pop(claimed.name, None)
+            return self.file_error(claimed, f"delivery {count} of {self.max_deliveries} failed: {reason}")
+        name = claimed.name
+        if not in_place:
+            name = layout.with_delivery_count(claimed.candidate, count)
+            try:
+                self.transport.rename(claimed.path, layout.box_path(name))
+            except SourceGone:
+                pass
+        self.journal.end(claimed.op_id)
+        delay = self.redelivery_delay * (2 ** (count - 1))
+        with self._lock:
+            if len(self._held) >= MAX_HELD:
+                self._held.clear()
+            self._held[name] = time.monotonic() + delay
+        return f"returned as delivery {count} of {self.max_deliveries}, held here for {delay:g} s"
 
-    def record_served(self, claimed: Claimed, result: bytes, *, error: str | None,
-                      respond: bool) -> dict[str, str]:
-        """Durably record the handler's outcome; return the fields :meth:`finish_served` needs.
+    def file_error(self, claimed: Claimed, reason: str) -> str:
+        """Move a claimed message to the error directory with ``reason`` beside it."""
+        t = self.transport
+        target = self.layout.error_path(claimed.name, self.node_id, self.clock())
+        self.layout.ensure_dir(t, target)
+        try:
+            rename_resolving(t, claimed.path, target)
+        except SourceGone:
+            self.journal.end(claimed.op_id)
+            return "gone before it could be filed as an error"
+        t.put(target + REASON_SUFFIX, io.BytesIO(reason.encode("utf-8") + b"\n"))
+        self.journal.end(claimed.op_id)
+        return f"filed in {self.layout.error} ({reason})"
 
-        ``error`` is the handler's failure reason (the request goes to ``inerror``, the caller
-        gets an error reply).  ``respond`` is False for one-way messages.  Once this returns,
-        the handler must never run again for this request: recovery sends the recorded result.
+    # ------------------------------------------------------------------ serving
+
+    def record_served(self, claimed: Claimed, result: bytes | None, *, error: str | None) -> dict[str, str]:
+        """Durably record the handler's outcome and every name still to use; return the fields
+        :meth:`finish_served` needs.
+
+        ``error`` is the handler's failure reason (the message goes to the error directory; a
+        requester gets an error reply).  ``result`` None means nothing to send.  Once this
+        returns the handler must never run again for this message: recovery sends the result.
         """
+        layout = self.layout
         when = self.clock()
-        arch_kind = "error" if error is not None else "archive"
-        archived = self.area.path("in", arch_kind, archive_name(claimed.name, self.node_id, when))
-        fields = {"claim": claimed.path, "archived": archived, "request": claimed.name}
-        if respond and claimed.uuid:
-            reply = error.encode("utf-8") if error is not None else result
-            resp = self.response_name(claimed.uuid, error=error is not None)
-            fields["resp_stage"] = self.area.path("out", "stage", claim_name(resp, self.node_id))
-            fields["resp_target"] = self.area.path("out", "box", resp)
-            fields.update(self.journal.save_result(claimed.op_id, reply))
+        commit = layout.commit(claimed.candidate, self.node_id, when, error=error is not None)
+        fields = {"claim": claimed.path, "commit": commit.path, "request": claimed.name}
+        if commit.cleanup:
+            fields["cleanup"] = "1"
+        reply = (layout.reply(claimed.candidate, self.node_id, when, claimed.op_id, error=error is not None)
+                 if result is not None or error is not None else None)
+        if reply is not None:
+            fields.update(reply.fields())
+            body = error.encode("utf-8") if error is not None else (result or b"")
+            fields.update(self.journal.save_result(claimed.op_id, body))
         if error is not None:
             fields["reason"] = error
         self.journal.record(claimed.op_id, "served", durable=True, **fields)
@@ -262,69 +408,83 @@ class Exchange:
         """Carry a ``served`` operation to its end; idempotent, so recovery calls it too.
 
         ``fresh`` says the caller has just recorded the result and nothing since touched the
-        server, so the claim is known to be there and no response staged: the two ``stat`` round
-        trips that recovery needs are skipped on the hot path.  Returns False when this node had
-        lost the claim (another node serves the request).
+        server, so the claim is known to be there and no reply staged: the ``stat`` round trips
+        that recovery needs are skipped on the hot path.  Returns False when this node had lost
+        the claim (another node serves the message).
         """
         t = self.transport
-        claim, archived = fields["claim"], fields["archived"]
-        resp_stage, resp_target = fields.get("resp_stage"), fields.get("resp_target")
-        staged = False if fresh else resp_stage is not None and t.exists(resp_stage)
+        f = _current_fields(fields)
+        claim, commit = f["claim"], f.get("commit", "")
+        out = Outbound.from_fields(f)
+        stage = out.stage if out is not None else None
+        staged = False if fresh else stage is not None and t.exists(stage)
         if fresh or t.exists(claim):
-            if resp_stage:
+            if out is not None and stage is not None:
                 # Uploaded again even when found staged: a node killed mid-upload leaves a torn
                 # file there, and only the commit below proves an upload was complete.
-                t.put(resp_stage, io.BytesIO(self.journal.load_result(fields)))
+                self.layout.ensure_dir(t, stage)
+                t.put(stage, io.BytesIO(self.journal.load_result(f)))
                 staged = True
                 crash_point("serve.after-stage")
-            try:
-                t.rename(claim, archived)
-            except SourceGone:
-                return self._lost(op_id, resp_stage if staged else None)
-            except OutcomeUnknown:
-                # The reply was lost (say, the server restarted): decide from what is there now.
-                if not t.exists(archived):
-                    if t.exists(claim):
-                        raise  # the rename did not happen: the caller retries this whole step
-                    return self._lost(op_id, resp_stage if staged else None)
+            if not self._commit(claim, commit):
+                return self._lost(op_id, stage if staged else None)
             crash_point("serve.after-commit")
-        elif not t.exists(archived):
-            # Not in select, not archived: either our claim was returned to the inbox while we
-            # looked dead, or (archive off) everything already finished.  Never expose then.
-            return self._lost(op_id, resp_stage if staged else None)
-        if "reason" in fields:
-            reason_path = archived + REASON_SUFFIX
+        elif commit and not f.get("cleanup") and not t.exists(commit):
+            # Not claimed, not committed: our claim was returned while we looked dead.  Never
+            # expose then.  (With cleanup, a missing commit means everything finished already.)
+            return self._lost(op_id, stage if staged else None)
+        if "reason" in f and commit:
+            reason_path = commit + REASON_SUFFIX
             if not t.exists(reason_path):
-                t.put(reason_path, io.BytesIO(fields["reason"].encode("utf-8") + b"\n"))
-        if resp_stage and resp_target and staged:
-            self.expose(resp_stage, resp_target)
+                t.put(reason_path, io.BytesIO(f["reason"].encode("utf-8") + b"\n"))
+        if out is not None:
+            self.expose(out, staged=staged, body=lambda: io.BytesIO(self.journal.load_result(f)))
             crash_point("serve.after-expose")
-        if not self.archive and "reason" not in fields:
+        if f.get("cleanup") and commit:
             try:
-                t.delete(archived)
+                t.delete(commit)
             except NotFound:
                 pass
         self.journal.end(op_id)
         return True
 
-    def _lost(self, op_id: str, staged_response: str | None) -> bool:
-        if staged_response:
+    def _commit(self, claim: str, commit: str) -> bool:
+        """Rename the claim to its commit place (or delete it in place); False if it was lost."""
+        t = self.transport
+        try:
+            if commit:
+                self.layout.ensure_dir(t, commit)
+                t.rename(claim, commit)
+            else:
+                t.delete(claim)
+        except NotFound:  # SourceGone included
+            return False
+        except OutcomeUnknown:
+            # The reply was lost (say, the server restarted): decide from what is there now.
+            if commit and t.exists(commit):
+                return True
+            if t.exists(claim):
+                raise  # it did not happen: the caller retries this whole step
+            return not commit  # deleted in place: gone is done
+        return True
+
+    def _lost(self, op_id: str, staged_reply: str | None) -> bool:
+        if staged_reply:
             try:
-                self.transport.delete(staged_response)
+                self.transport.delete(staged_reply)
             except NotFound:
                 pass
-        log.warning("%s: %s: claim lost to another node before commit; reply withheld",
-                    self.endpoint, op_id)
+        log.warning("%s: %s: claim lost to another node before commit; reply withheld", self.name, op_id)
         self.journal.end(op_id)
         return False
 
-    # ------------------------------------------------------------------ client: collecting
+    # ------------------------------------------------------------------ collecting
 
-    def collect_claim(self, op: Operation) -> Claimed:
-        """The response claim a pending ``collect`` operation made (for reclaim and recovery)."""
+    def claim_from_journal(self, op: Operation) -> Claimed:
+        """The claim a pending ``claim`` operation made (for reclaim and recovery)."""
         name = op.fields["src"].rsplit("/", 1)[-1]
-        return Claimed("out", name, op.fields["dst"], op.op_id, op.op_id.removesuffix(".collect"),
-                       UNKNOWN_SIZE)
+        cand = self.layout.decode_name(name) or Candidate(name, UNKNOWN_SIZE, None, _plain(name))
+        return Claimed(cand, op.fields["dst"], op.op_id)
 
     def mark_delivered(self, claimed: Claimed) -> None:
         """Note that a response was handed to its caller but is not archived yet; from now on
@@ -334,17 +494,38 @@ class Exchange:
         self.journal.record(claimed.op_id, "delivered")
 
     def finish_collect(self, claimed: Claimed) -> None:
-        """Archive (or delete) a response that has been read, and end its operation."""
-        if self.archive:
-            target = self.area.path("out", "archive", archive_name(claimed.name, self.node_id, self.clock()))
-            try:
-                self.transport.rename(claimed.path, target)
-            except SourceGone:
-                pass
-        else:
-            try:
-                self.transport.delete(claimed.path)
-            except NotFound:
-                pass
+        """Archive (or delete) a message that has been read and handed over; end its operation."""
+        commit = self.layout.commit(claimed.candidate, self.node_id, self.clock(), error=False)
+        t = self.transport
+        try:
+            if commit.cleanup or not commit.path:
+                t.delete(claimed.path)
+            else:
+                t.rename(claimed.path, commit.path)
+        except NotFound:
+            pass
         crash_point("collect.after-archive")
         self.journal.end(claimed.op_id)
+
+
+def _current_fields(f: dict[str, str]) -> dict[str, str]:
+    """Fields of a ``served`` record, also as the previous release wrote them (an upgrade must
+    finish what the old version left in its journal)."""
+    if "commit" in f:
+        return f
+    g = dict(f)
+    if "archived" in g:  # endpoint: archived, resp_stage, resp_target
+        g["commit"] = g.pop("archived")
+        if "resp_target" in g:
+            g["target"] = g.pop("resp_target")
+            g["stage"] = g.pop("resp_stage", "")
+    elif "commit_to" in g:  # transfer: commit_to, target, stage, protect, final
+        g["commit"] = g.pop("commit_to")
+    return g
+
+
+def _plain(name: str) -> Envelope:
+    return Envelope(Headers(id=name), {}, name)
+
+
+__all__ = ["UNKNOWN_SIZE", "Claimed", "Commit", "Lifecycle", "Outbound", "op_id_for", "rename_resolving"]

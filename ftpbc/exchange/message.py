@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import IO, Any
+
+from ftpbc.exchange.envelope import Headers, PropertyValue
 
 #: Handler results: bytes or text become the response body; None an empty one.
 HandlerResult = bytes | bytearray | str | None
+
+_NO_PROPERTIES: Mapping[str, PropertyValue] = MappingProxyType({})
 
 
 @dataclass
@@ -15,7 +21,9 @@ class Message:
     """One inbound message.  ``stream`` reads the body without loading it all into memory.
 
     The body is spooled to a temporary file past a few MiB, so a 200 MiB request costs disk,
-    not memory, unless the handler asks for :attr:`body`.
+    not memory, unless the handler asks for :attr:`body`.  ``headers`` (frozen) and
+    ``properties`` are what the file name carried (docs/naming.md); ``values`` what a
+    transfer's name pattern matched (``%*0``..., dates, counters).
     """
 
     endpoint: str
@@ -24,6 +32,12 @@ class Message:
     size: int
     _spool: IO[bytes] = field(repr=False)
     values: dict[str, Any] = field(default_factory=dict)
+    headers: Headers | None = None
+    properties: Mapping[str, PropertyValue] = field(default_factory=lambda: _NO_PROPERTIES)
+
+    def __post_init__(self) -> None:
+        if self.headers is None:
+            self.headers = Headers(id=self.uuid or self.name)
 
     @property
     def stream(self) -> IO[bytes]:

@@ -1,34 +1,37 @@
-"""Recovery: replay this node's journal against the server's actual state.
+"""Recovery: replay this node's journal against the server's actual state, for every layout.
 
 Every pending operation is decided by its last durable record plus a few ``stat`` calls:
 
-``send`` (a request or one-way message being staged and exposed)
-    target exists -> done; stage exists -> rolled back (the sender never got an
-    acknowledgement, and the staged file may be torn); neither -> done (it was exposed and has
-    already been claimed).
-``claim`` (a file claimed into a select directory, not yet handled)
-    returned to its box for any node to take (requests to ``inbox``, responses to ``outbox``,
-    where ``Client.collect`` finds them); a response already handed to its caller
-    (``delivered``) is archived instead.
+``send`` (a message or a partner's file being staged and exposed)
+    stage exists -> rolled back (the sender never got an acknowledgement, and the staged file
+    may be torn); target or final name exists -> done (a post_send rename left undone is
+    finished); neither -> done (it was exposed and has already been taken).
+``claim`` (a file claimed, not yet handled)
+    returned to its box with its delivery count raised (a message that kills the node that
+    reads it ends in the error directory after ``max_deliveries``); a response already handed
+    to its caller (``delivered``) is archived instead.
 ``served`` (the handler returned; its result is in the journal)
-    finished by :meth:`Exchange.finish_served`, the very code a live node runs: the handler is
+    finished by :meth:`Lifecycle.finish_served`, the very code a live node runs: the handler is
     never called again.
 
 Recovery is idempotent: every step re-checks the server first, so a crash during recovery is
-recovered by the next run.
+recovered by the next run.  One operation that cannot be decided (a server error, an odd
+record) is logged and left pending for the next run; it never stops the others.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
-from ftpbc.errors import NotFound, SourceGone
+from ftpbc.errors import FtpbcError, NotFound, SourceGone
 from ftpbc.exchange.area import split_claim
-from ftpbc.exchange.lifecycle import Exchange
+from ftpbc.exchange.layout import Outbound
+from ftpbc.exchange.lifecycle import Lifecycle
 from ftpbc.faults import crash_point
-from ftpbc.journal.store import EndpointJournal, Operation
-from ftpbc.transport.base import Transport
+from ftpbc.journal import Operation
 
 log = logging.getLogger("ftpbc.recovery")
 
@@ -44,95 +47,144 @@ class Action:
         return f"{self.endpoint}: {self.op_id} ({self.kind}): {self.outcome}"
 
 
-def recover_endpoint(exchange: Exchange, *, orphans: bool = True) -> list[Action]:
-    """Finish or undo every pending operation, then (``orphans``) this node's unjournaled files."""
+def recover_pending(lifecycles: Sequence[Lifecycle], *, orphans: bool = True,
+                    lock: Callable[[], AbstractContextManager[bool]] | None = None) -> list[Action]:
+    """Finish or undo every pending operation of one journal, then (``orphans``) this node's
+    unjournaled files in these lifecycles' directories.
+
+    ``lifecycles`` share one journal (an endpoint's two directions, or one transfer); each
+    operation goes to the one whose directories it names.  ``lock``: each operation is decided
+    while holding it (a transfer that reads in place: only the poll lock keeps pollers off the
+    file); one that cannot be had defers the operation to the next recovery.
+    """
+    main = lifecycles[0]
     actions = []
-    for op in exchange.journal.pending():
+    for op in main.journal.pending():
         crash_point("recover.before-op")
-        outcome = _recover_op(exchange, op)
+        lc = _owner(lifecycles, op)
+        with lock() if lock is not None else nullcontext(True) as held:
+            if not held:
+                outcome = "deferred: poll lock busy"
+            else:
+                try:
+                    outcome = _recover_op(lc, op)
+                except FtpbcError as exc:
+                    outcome = f"left for the next recovery: {exc}"
+                    log.warning("%s: %s: cannot recover %s yet: %s", lc.name, op.op_id, op.kind, exc)
         crash_point("recover.after-op")
-        actions.append(Action(exchange.endpoint, op.op_id, op.kind, outcome))
+        actions.append(Action(main.layout.key, op.op_id, op.kind, outcome))
         log.info("recovered %s", actions[-1])
     if orphans:
-        actions.extend(recover_orphans(exchange))
+        for lc in lifecycles:
+            actions.extend(recover_orphans(lc))
     return actions
 
 
-def recover_orphans(ex: Exchange) -> list[Action]:
-    """Stage and select files carrying this node's id that no pending operation accounts for.
+def _owner(lifecycles: Sequence[Lifecycle], op: Operation) -> Lifecycle:
+    """The lifecycle whose directories an operation names (its claim's source box)."""
+    src = op.fields.get("src", "")
+    for lc in lifecycles:
+        if src.startswith(lc.layout.box.rstrip("/") + "/"):
+            return lc
+    return lifecycles[0]
+
+
+def _recover_op(lc: Lifecycle, op: Operation) -> str:
+    t, f = lc.transport, op.fields
+    if "served" in op.events or "received" in op.events:
+        if lc.finish_served(op.op_id, f):
+            return "finished: recorded result delivered, handler not run again"
+        return "claim had been returned by another node; reply withheld"
+    if op.kind == "send":
+        out = Outbound.from_fields(f)
+        if out is None:
+            lc.journal.end(op.op_id)
+            return "nothing to do"
+        if out.stage and t.exists(out.stage) and "exposing" not in op.events:
+            try:
+                t.delete(out.stage)
+            except NotFound:
+                pass
+            outcome = "rolled back: staged file removed, never exposed"
+        elif "exposing" in op.events or (out.final and t.exists(out.target)):
+            # the previous release recorded "exposing" before a partner's send went into place
+            outcome = f"rolled forward: in place at {lc.expose(out, staged=True, body=None)}"
+        elif t.exists(out.where):
+            outcome = "already exposed"
+        else:
+            outcome = "already exposed and taken"
+        lc.journal.end(op.op_id)
+        return outcome
+    if op.kind == "claim":
+        claimed = lc.claim_from_journal(op)
+        if "delivered" in op.events:
+            lc.finish_collect(claimed)
+            return "response had been delivered: archived"
+        if claimed.path == f["src"]:
+            lc.journal.end(op.op_id)  # read in place: nothing was moved
+            return "read in place: left where it is"
+        if not t.exists(claimed.path):
+            lc.journal.end(op.op_id)
+            return "claim never made or already returned"
+        if lc.layout.direction == "out":
+            lc.unclaim(claimed)
+            return f"returned to {lc.layout.box}"
+        return lc.redeliver(claimed, "the node stopped before finishing it")
+    lc.journal.end(op.op_id)
+    return f"unknown operation {op.kind!r} dropped"
+
+
+def recover_orphans(lc: Lifecycle) -> list[Action]:
+    """Select and stage files carrying this node's id that no pending operation accounts for.
 
     Send and claim intents are written before their remote step but not fsynced (a killed
     process leaves them in the page cache), so only a machine crash can lose them; the files
     they announced still say who made them.  Run after the journal's own operations are done,
-    so any such file left now is an orphan: a staged request or one-way message is rolled back,
-    a claim is returned to its box.  A staged response is never an orphan (its ``served``
-    record is fsynced before the upload) and is left alone.
+    so any such file left now is an orphan: a staged message is rolled back, a claim is
+    returned to its box.  A staged reply is never an orphan (its ``served`` record is fsynced
+    before the upload) and is left alone.
     """
     actions = []
-    t = ex.transport
-    for direction in ("in", "out"):
-        for kind in ("select", "stage"):
-            if kind == "stage" and direction == "out":
+    t, layout = lc.transport, lc.layout
+    dirs = [("select", layout.select)] if layout.select else []
+    dirs += [("stage", d) for d in layout.orphan_stages]
+    for kind, directory in dirs:
+        try:
+            entries = t.list(directory)
+        except NotFound:
+            continue
+        for entry in entries:
+            try:
+                action = _orphan(lc, kind, directory, entry.name)
+            except FtpbcError as exc:  # one bad entry never stops the rest
+                layout.report(entry.name, f"orphan left for the next recovery: {exc}")
                 continue
-            for entry in t.list(ex.area.dir(direction, kind)):
-                name, owner = split_claim(entry.name)
-                if owner != ex.node_id:
-                    continue
-                path = ex.area.path(direction, kind, entry.name)
-                if kind == "select":
-                    try:
-                        t.rename(path, ex.area.path(direction, "box", name))
-                        outcome = f"orphan claim returned to {direction}box"
-                    except SourceGone:
-                        continue
-                else:
-                    try:
-                        t.delete(path)
-                        outcome = "orphan staged message rolled back"
-                    except NotFound:
-                        continue
-                actions.append(Action(ex.endpoint, entry.name, "orphan", outcome))
-                log.warning("recovered %s", actions[-1])
+            if action is not None:
+                actions.append(action)
+                log.warning("recovered %s", action)
     return actions
 
 
-def _recover_op(ex: Exchange, op: Operation) -> str:
-    t = ex.transport
-    f = op.fields
-    if "served" in op.events:
-        if ex.finish_served(op.op_id, f):
-            return "finished: recorded result delivered, handler not run again"
-        return "claim had been returned by another node; reply withheld"
-    if op.kind == "send":
-        stage, target = f["stage"], f["target"]
-        if t.exists(target):
-            outcome = "already exposed"
-        elif t.exists(stage):
-            try:
-                t.delete(stage)
-            except NotFound:
-                pass
-            outcome = "rolled back: staged file removed, never exposed"
-        else:
-            outcome = "already exposed and taken"
-        ex.journal.end(op.op_id)
-        return outcome
-    if op.kind == "claim":
-        if "delivered" in op.events:
-            ex.finish_collect(ex.collect_claim(op))
-            return "response had been delivered: archived"
-        return return_claim(t, ex.journal, op)
-    ex.journal.end(op.op_id)
-    return f"unknown operation {op.kind!r} dropped"
-
-
-def return_claim(t: Transport, journal: EndpointJournal, op: Operation) -> str:
-    """Undo a ``claim`` (rename dst -> src) that never got further; end the operation."""
-    src, dst = op.fields["src"], op.fields["dst"]
-    try:
-        t.rename(dst, src)
-        outcome = f"returned to {src.rsplit('/', 2)[-2]}"
-    except SourceGone:
-        outcome = "claim never made or already returned"
-    journal.end(op.op_id)
-    return outcome
+def _orphan(lc: Lifecycle, kind: str, directory: str, claimed: str) -> Action | None:
+    t, layout = lc.transport, lc.layout
+    name, owner = split_claim(claimed)
+    if kind == "stage" and owner is not None and owner != lc.node_id:
+        name, owner = split_claim(name)  # a partner's stage name: <target>~<node>~<op>
+    if owner != lc.node_id:
+        return None
+    path = f"{directory.rstrip('/')}/{claimed}"
+    if kind == "select":
+        if not layout.is_claim(claimed):
+            return None  # a committed file (name~node~stamp) waits in select for its cleanup
+        try:
+            t.rename(path, layout.box_path(name))
+        except SourceGone:
+            return None
+        outcome = f"orphan claim returned to {layout.box}"
+    else:
+        try:
+            t.delete(path)
+        except NotFound:
+            return None
+        outcome = "orphan staged message rolled back"
+    return Action(layout.key, claimed, "orphan", outcome)

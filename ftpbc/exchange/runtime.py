@@ -1,19 +1,28 @@
-"""What a client or a serving node holds open: transports, the journal, sequences, exchanges."""
+"""What a client or a serving node holds open: transports, the journal, sequences, heartbeat,
+and one :class:`Lifecycle` per endpoint direction and per transfer."""
 
 from __future__ import annotations
 
+import functools
+import logging
 import threading
 import uuid as uuidlib
 from pathlib import Path
 
 from ftpbc.cluster.heartbeat import Heartbeat
-from ftpbc.config.models import Config, EndpointConfig
-from ftpbc.exchange.area import ExchangeArea
-from ftpbc.exchange.lifecycle import Exchange
+from ftpbc.cluster.poll_lock import PollLock
+from ftpbc.config.models import Config
+from ftpbc.errors import ConfigError
+from ftpbc.exchange.envelope import Headers, Kind, PropertyValue
+from ftpbc.exchange.layout import KEY_PREFIX, AreaLayout, Direction, PartnerLayout
+from ftpbc.exchange.lifecycle import Lifecycle
+from ftpbc.exchange.recovery import Action, recover_orphans, recover_pending
 from ftpbc.journal import Journal
 from ftpbc.patterns import ExpandContext, Pattern
 from ftpbc.sequences import SequenceStore
 from ftpbc.transport import Transport, open_transport
+
+log = logging.getLogger("ftpbc.recovery")
 
 
 class Runtime:
@@ -30,7 +39,7 @@ class Runtime:
         self._connections = connections
         self._lock = threading.Lock()
         self._transports: dict[str, Transport] = {}
-        self._exchanges: dict[str, Exchange] = {}
+        self._lifecycles: dict[tuple[str, str], Lifecycle] = {}
 
     def transport(self, server: str) -> Transport:
         with self._lock:
@@ -41,37 +50,115 @@ class Runtime:
                 self._transports[server] = open_transport(cfg)
             return self._transports[server]
 
-    def exchange(self, endpoint: str) -> Exchange:
+    def lifecycle(self, endpoint: str, direction: Direction = "in") -> Lifecycle:
+        """The lifecycle of one direction of an endpoint's exchange area (prepared)."""
         ep = self.config.endpoint(endpoint)
+        key = (endpoint, direction)
         with self._lock:
-            ex = self._exchanges.get(endpoint)
-        if ex is None:
-            ex = Exchange(endpoint, ExchangeArea(ep.repository), self.transport(ep.server),
-                          self.journal.endpoint(endpoint), self.node_id, archive=ep.archive,
-                          response_prefix=ep.response_prefix)
-            ex.prepare()
+            lc = self._lifecycles.get(key)
+        if lc is None:
+            lc = Lifecycle(AreaLayout(endpoint, ep, direction), self.transport(ep.server),
+                           self.journal.endpoint(endpoint), self.node_id,
+                           max_deliveries=ep.max_deliveries, redelivery_delay=ep.redelivery_delay)
+            lc.prepare()
             with self._lock:
-                ex = self._exchanges.setdefault(endpoint, ex)
-        return ex
+                lc = self._lifecycles.setdefault(key, lc)
+        return lc
 
-    def new_message_name(self, endpoint: str, prefix: str) -> tuple[str, str]:
-        """A fresh ``(name, uuid)`` from the endpoint's message_name pattern."""
-        ep: EndpointConfig = self.config.endpoint(endpoint)
+    def endpoint_lifecycles(self, endpoint: str) -> tuple[Lifecycle, Lifecycle]:
+        return self.lifecycle(endpoint, "in"), self.lifecycle(endpoint, "out")
+
+    def transfer(self, name: str) -> Lifecycle:
+        """The lifecycle of transfer ``name``; ConfigError if there is none."""
+        config = self.config
+        if name not in config.transfers:
+            known = ", ".join(sorted(config.transfers)) or "none"
+            raise ConfigError(f"unknown transfer {name!r} (defined: {known})", file=config.source)
+        key = (name, "transfer")
+        with self._lock:
+            lc = self._lifecycles.get(key)
+        if lc is None:
+            tc = config.transfers[name]
+            layout = PartnerLayout(name, tc, self.sequences)
+            lc = Lifecycle(layout, self.transport(tc.server), self.journal.endpoint(layout.key), self.node_id,
+                           max_deliveries=tc.max_deliveries, redelivery_delay=tc.redelivery_delay)
+            lc.prepare()
+            with self._lock:
+                lc = self._lifecycles.setdefault(key, lc)
+        return lc
+
+    def new_message(self, endpoint: str, kind: Kind, *, priority: int | None = None,
+                    properties: dict[str, PropertyValue] | None = None) -> tuple[str, str]:
+        """A fresh ``(file name, uuid)`` for a request or one-way message of ``endpoint``."""
+        ep = self.config.endpoint(endpoint)
+        layout = self.lifecycle(endpoint).layout
+        assert isinstance(layout, AreaLayout)
+        prefix = ep.request_prefix if kind == "request" else ep.oneway_prefix
         if ep.message_name == "%u":
             # The default pattern: nothing to expand but the UUID (the general path builds a
             # context and walks the tokens, a fifth of a message's bookkeeping on the send path).
             uid = str(uuidlib.uuid4())
-            return prefix + uid, uid
-        expansion = Pattern.parse(ep.message_name).expand(
-            ExpandContext(endpoint=endpoint, store=self.sequences, tz=ep.timezone))
-        assert expansion.uuid is not None  # message_name is validated to contain %u
-        return prefix + expansion.name, expansion.uuid
+            base = prefix + uid
+        else:
+            expansion = Pattern.parse(ep.message_name).expand(
+                ExpandContext(endpoint=endpoint, store=self.sequences, tz=ep.timezone))
+            assert expansion.uuid is not None  # message_name is validated to contain %u
+            base, uid = prefix + expansion.name, expansion.uuid
+        if ep.naming == "ftpbc" and priority is None and not properties:
+            return base, uid  # all defaults: the plain name
+        headers = Headers(id=uid, kind=kind, priority=4 if priority is None else priority,
+                          reply_to=endpoint if kind == "request" and ep.naming != "ftpbc" else None)
+        return layout.name_for(headers, properties, base), uid
+
+    def recover(self, *, orphans: bool = True) -> list[Action]:
+        """Replay this node's journal; endpoints and transfers no longer configured are
+        reported, not touched.
+
+        With ``orphans``, every configured endpoint's and transfer's select and stage
+        directories are then searched for files of this node that no journal record accounts
+        for (see :func:`~ftpbc.exchange.recovery.recover_orphans`).  Only the first opener of
+        this node's journal in the process recovers: a Client started beside a Node of the same
+        id must not undo the Node's work in progress.
+        """
+        actions: list[Action] = []
+        if not self.journal.first:
+            log.info("journal of node %s already open in this process; recovery left to its first user",
+                     self.node_id)
+            return actions
+        config = self.config
+        for key, ops in self.journal.all_pending().items():
+            group = self._group(key)
+            if group is None:
+                actions.extend(Action(key, op.op_id, op.kind, "skipped: not configured") for op in ops)
+                continue
+            lock = None
+            layout = group[0].layout
+            if isinstance(layout, PartnerLayout) and layout.select is None:
+                tc = config.transfers[layout.name]
+                poll_lock = PollLock(Path(config.node.state_dir), layout.key, tc.lock, holder=self.node_id,
+                                     lease=config.node.lease)
+                lock = functools.partial(poll_lock.attempt, wait=60.0)
+            actions.extend(recover_pending(group, orphans=False, lock=lock))
+        if orphans:
+            for key in [*config.endpoints, *(KEY_PREFIX + name for name in config.transfers)]:
+                for lc in self._group(key) or ():
+                    actions.extend(recover_orphans(lc))
+        return actions
+
+    def _group(self, key: str) -> list[Lifecycle] | None:
+        """The lifecycles sharing journal ``key``: an endpoint's two directions, or a transfer."""
+        if key.startswith(KEY_PREFIX):
+            name = key[len(KEY_PREFIX):]
+            return [self.transfer(name)] if name in self.config.transfers else None
+        if key in self.config.endpoints:
+            return list(self.endpoint_lifecycles(key))
+        return None
 
     def close(self) -> None:
         with self._lock:
             transports = list(self._transports.values())
             self._transports.clear()
-            self._exchanges.clear()
+            self._lifecycles.clear()
         for t in transports:
             t.close()
         self.journal.close()

@@ -1,31 +1,37 @@
-"""Housekeeping a serving node does for the whole cluster, every ``lease / 3`` seconds.
+"""Housekeeping a serving node does for the whole cluster, every ``lease / 3`` seconds, for every
+endpoint and transfer it serves.
 
-* Claims and stage files of dead nodes (no heartbeat younger than the lease): claims go back to
-  their box; a staged request is removed (its sender never got an acknowledgement); a staged
-  response is exposed only if the dead node had committed its request (the request sits in
-  ``inarchive`` or ``inerror`` under that node's name), and removed otherwise.  Commit is the
-  only proof that the upload was complete: a node killed mid-upload leaves a torn file, and a
-  node that lost its claim (it looked dead, the request went to another node) leaves a reply
-  that must not replace the other node's.
+* Claims of dead nodes (no heartbeat younger than the lease) go back to their box with their
+  delivery count raised (a message that kills every node that reads it ends in the error
+  directory after ``max_deliveries``).
+* Staged files of dead nodes: a staged message is removed (its sender never got an
+  acknowledgement); a staged response is exposed only if the dead node had committed its
+  request (the request sits in ``inarchive`` or ``inerror`` under that node's name), and removed
+  otherwise.  Commit is the only proof that the upload was complete: a node killed mid-upload
+  leaves a torn file, and a node that lost its claim (it looked dead, the request went to
+  another node) leaves a reply that must not replace the other node's.  A partner's staged
+  files wait for their node's own recovery (their targets are only in its journal).
 * Responses nobody collected within ``uncollected_after``: archived as ``~uncollected``.
 
-The sweep runs under the endpoint's file lock, whatever the endpoint's lock mode, so two nodes
-never sweep one endpoint at once (deciding a staged response needs a consistent view).
+The sweep runs under its own file lock, whatever the poll lock mode, so two nodes never sweep
+one endpoint at once (deciding a staged response needs a consistent view).  One entry that
+cannot be handled is logged once and skipped: it never stops the sweep of the others.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
 from ftpbc.cluster.heartbeat import is_dead
 from ftpbc.cluster.poll_lock import PollLock
-from ftpbc.config.models import EndpointConfig
-from ftpbc.errors import NotFound, SourceGone
+from ftpbc.errors import FtpbcError, NotFound, SourceGone
 from ftpbc.exchange.area import archive_name, parse_archive_name, split_claim
-from ftpbc.exchange.lifecycle import Exchange
-from ftpbc.patterns import Pattern
+from ftpbc.exchange.layout import AreaLayout, Candidate, Layout, Outbound
+from ftpbc.exchange.lifecycle import Lifecycle
+from ftpbc.transport.base import Entry
 
 log = logging.getLogger("ftpbc.sweeper")
 
@@ -33,108 +39,188 @@ UNCOLLECTED = "uncollected"
 
 
 class Sweeper:
-    def __init__(self, endpoint: str, config: EndpointConfig, exchange: Exchange, state_dir: Path,
-                 lease: float) -> None:
-        self.endpoint = endpoint
-        self.config = config
-        self.exchange = exchange
+    """Sweeps the lifecycles of one endpoint (both directions) or one transfer."""
+
+    def __init__(self, lifecycles: Sequence[Lifecycle], state_dir: Path, lease: float, *,
+                 uncollected_after: float | None = None) -> None:
+        self.lifecycles = list(lifecycles)
+        main = self.lifecycles[0]
+        self.endpoint = main.layout.key
+        self.node_id = main.node_id
         self.state_dir = state_dir
         self.lease = lease
-        self.lock = PollLock(state_dir, f"{endpoint}.sweep", "file", holder=exchange.node_id, lease=lease)
-        self.request_pattern = Pattern.parse(config.request_prefix + config.message_name)
+        self.uncollected_after = uncollected_after
+        self.lock = PollLock(state_dir, f"{self.endpoint}.sweep", "file", holder=self.node_id, lease=lease)
         self.uncollected = 0
         self.returned = 0
-
-    def _dead(self, owner: str | None, cache: dict[str, bool]) -> bool:
-        if owner is None or owner == self.exchange.node_id:
-            return False
-        if owner not in cache:
-            cache[owner] = is_dead(self.state_dir, owner, self.lease)
-        return cache[owner]
+        self._dead: dict[str, bool] = {}
 
     def sweep(self) -> None:
         with self.lock.attempt() as held:
             if held:
+                self._dead = {}
                 self._sweep()
 
-    def _sweep(self) -> None:
-        ex, t = self.exchange, self.exchange.transport
-        dead: dict[str, bool] = {}
-        inselect = {e.name for e in t.list(ex.area.dir("in", "select"))}
-        claimed_uuids = {}
-        for claimed in inselect:
-            name, owner = split_claim(claimed)
-            m = self.request_pattern.match(name)
-            if m is not None and m.uuid:
-                claimed_uuids[m.uuid] = claimed
-        # Staged responses first: whether to expose one depends on its request's claim.
-        committers: dict[str, set[str]] | None = None
-        for e in t.list(ex.area.dir("out", "stage")):
-            name, owner = split_claim(e.name)
-            if owner is None or not self._dead(owner, dead):
-                continue
-            uid = name[len(self.config.response_prefix):].removesuffix(".error")
-            stage = ex.area.path("out", "stage", e.name)
-            if uid in claimed_uuids and split_claim(claimed_uuids[uid])[1] == owner:
-                self._delete(stage, "staged response of an uncommitted request")
-                continue
-            if committers is None:
-                # Listing the archives is costly, so only here: a dead node's response staged
-                # without its claim happens after crashes, not per message.
-                committers = self._committers()
-            if owner in committers.get(uid, ()):
-                ex.expose(stage, ex.area.path("out", "box", name))
-                log.info("%s: exposed %s staged by dead node %s", self.endpoint, name, owner)
-            else:
-                self._delete(stage, f"staged by dead node {owner}, which never committed its request")
-        for direction in ("in", "out"):
-            select = inselect if direction == "in" else {e.name for e in t.list(ex.area.dir("out", "select"))}
-            for claimed in select:
-                name, owner = split_claim(claimed)
-                if not self._dead(owner, dead):
-                    continue
-                try:
-                    t.rename(ex.area.path(direction, "select", claimed), ex.area.path(direction, "box", name))
-                    self.returned += 1
-                    log.warning("%s: returned %s claimed by dead node %s", self.endpoint, name, owner)
-                except SourceGone:
-                    pass
-        for e in t.list(ex.area.dir("in", "stage")):
-            if self._dead(split_claim(e.name)[1], dead):
-                self._delete(ex.area.path("in", "stage", e.name), "staged request of a dead sender")
-        self._archive_uncollected()
+    def _is_dead(self, owner: str | None) -> bool:
+        if owner is None or owner == self.node_id:
+            return False
+        if owner not in self._dead:
+            self._dead[owner] = is_dead(self.state_dir, owner, self.lease)
+        return self._dead[owner]
 
-    def _committers(self) -> dict[str, set[str]]:
+    def _sweep(self) -> None:
+        inbound = self.lifecycles[0]
+        if isinstance(inbound.layout, AreaLayout):
+            self._staged_responses(inbound, self.lifecycles[1] if len(self.lifecycles) > 1 else None)
+        for lc in self.lifecycles:
+            self._return_claims(lc)
+            for stage in lc.layout.orphan_stages:
+                self._each(lc, stage, self._staged_message)
+        if self.uncollected_after is not None and len(self.lifecycles) > 1:
+            self._archive_uncollected(self.lifecycles[1])
+
+    def _each(self, lc: Lifecycle, directory: str, step: Callable[[Lifecycle, str, Entry], None]) -> None:
+        """``step`` for every entry of ``directory``; one that fails is logged once and skipped."""
+        try:
+            entries = lc.transport.list(directory)
+        except NotFound:
+            return
+        for e in entries:
+            try:
+                step(lc, directory, e)
+            except FtpbcError as exc:
+                lc.layout.report(e.name, f"sweep skipped it: {exc}")
+
+    # ------------------------------------------------------------------ claims and stage files
+
+    def _return_claims(self, lc: Lifecycle) -> None:
+        if lc.layout.select is not None:
+            self._each(lc, lc.layout.select, self._return_claim)
+
+    def _return_claim(self, lc: Lifecycle, directory: str, e: Entry) -> None:
+        layout = lc.layout
+        if not layout.is_claim(e.name):
+            return  # a committed file (<name>~<node>~<stamp>) waits for its node's cleanup
+        name, owner = split_claim(e.name)
+        if not self._is_dead(owner):
+            return
+        target = layout.box_path(_redelivered(layout, name))
+        try:
+            lc.transport.rename(f"{directory}/{e.name}", target)
+        except SourceGone:
+            return
+        self.returned += 1
+        log.warning("%s: returned %s claimed by dead node %s", layout.display, name, owner)
+
+    def _staged_message(self, lc: Lifecycle, directory: str, e: Entry) -> None:
+        name, owner = split_claim(e.name)
+        if owner is not None and not self._is_dead(owner) and owner != self.node_id:
+            name, owner = split_claim(name)  # a partner's stage name: <target>~<node>~<op>
+        if isinstance(lc.layout, AreaLayout) and self._is_dead(owner):
+            self._delete(lc, f"{directory}/{e.name}", "staged message of a dead sender")
+
+    def _staged_responses(self, inbound: Lifecycle, outbound: Lifecycle | None) -> None:
+        """Expose a dead node's staged response only if it committed the request."""
+        if outbound is None:
+            return
+        layout = inbound.layout
+        assert isinstance(layout, AreaLayout)
+        staged = [e for e in _listing(outbound, outbound.layout.stages[0])
+                  if self._is_dead(split_claim(e.name)[1])]
+        if not staged:
+            return
+        claims: dict[str, str] = {}
+        for e in _listing(inbound, layout.select or layout.box):
+            name, owner = split_claim(e.name)
+            cand = _decoded(layout, name)
+            if cand is not None and owner is not None:
+                claims[cand.uuid] = owner
+        committers: dict[str, set[str]] | None = None
+        for e in staged:
+            try:
+                name, owner = split_claim(e.name)
+                resp = _decoded(outbound.layout, name)
+                if resp is None or owner is None:
+                    continue
+                uid = resp.envelope.headers.correlation_id or resp.uuid
+                stage = f"{outbound.layout.stages[0]}/{e.name}"
+                if claims.get(uid) == owner:
+                    self._delete(outbound, stage, "staged response of an uncommitted request")
+                    continue
+                if committers is None:
+                    # Listing the archives is costly, so only here: a dead node's response staged
+                    # without its claim happens after crashes, not per message.
+                    committers = self._committers(inbound)
+                if owner in committers.get(uid, ()):
+                    outbound.expose(_as_outbound(outbound, stage, name), staged=True, body=None)
+                    log.info("%s: exposed %s staged by dead node %s", layout.display, name, owner)
+                else:
+                    self._delete(outbound, stage, f"staged by dead node {owner}, which never committed "
+                                 "its request")
+            except FtpbcError as exc:
+                outbound.layout.report(e.name, f"sweep skipped it: {exc}")
+
+    def _committers(self, inbound: Lifecycle) -> dict[str, set[str]]:
         """uuid -> the nodes that committed a request with that uuid (archived it, or filed it
         as an error)."""
-        ex = self.exchange
+        layout = inbound.layout
+        assert isinstance(layout, AreaLayout)
         out: dict[str, set[str]] = {}
-        for kind in ("archive", "error"):
-            for e in ex.transport.list(ex.area.dir("in", kind)):
+        for directory in (layout.archive_dir, layout.error):
+            for e in _listing(inbound, directory):
                 name, node, _ = parse_archive_name(e.name)
-                m = self.request_pattern.match(name)
-                if m is not None and m.uuid and node:
-                    out.setdefault(m.uuid, set()).add(node)
+                cand = _decoded(layout, name)
+                if cand is not None and node:
+                    out.setdefault(cand.uuid, set()).add(node)
         return out
 
-    def _archive_uncollected(self) -> None:
-        ex, t = self.exchange, self.exchange.transport
+    # ------------------------------------------------------------------ uncollected responses
+
+    def _archive_uncollected(self, outbound: Lifecycle) -> None:
+        layout = outbound.layout
+        assert isinstance(layout, AreaLayout) and self.uncollected_after is not None
         now = datetime.now(UTC)
-        for e in t.list(ex.area.dir("out", "box")):
-            if e.mtime is None or (now - e.mtime).total_seconds() < self.config.uncollected_after:
+        for e in _listing(outbound, layout.box):
+            if e.mtime is None or (now - e.mtime).total_seconds() < self.uncollected_after:
                 continue
             try:
-                t.rename(ex.area.path("out", "box", e.name),
-                         ex.area.path("out", "archive", archive_name(e.name, UNCOLLECTED, now)))
-                self.uncollected += 1
-                log.warning("%s: %s uncollected for %.0f s; archived", self.endpoint, e.name,
-                            (now - e.mtime).total_seconds())
+                outbound.transport.rename(layout.box_path(e.name),
+                                          f"{layout.archive_dir}/{archive_name(e.name, UNCOLLECTED, now)}")
             except SourceGone:
-                pass
+                continue
+            except FtpbcError as exc:
+                layout.report(e.name, f"cannot archive it as uncollected: {exc}")
+                continue
+            self.uncollected += 1
+            log.warning("%s: %s uncollected for %.0f s; archived", layout.display, e.name,
+                        (now - e.mtime).total_seconds())
 
-    def _delete(self, path: str, why: str) -> None:
+    def _delete(self, lc: Lifecycle, path: str, why: str) -> None:
         try:
-            self.exchange.transport.delete(path)
-            log.info("%s: removed %s (%s)", self.endpoint, path, why)
+            lc.transport.delete(path)
+            log.info("%s: removed %s (%s)", lc.layout.display, path, why)
         except NotFound:
             pass
+
+
+def _listing(lc: Lifecycle, directory: str) -> list[Entry]:
+    try:
+        return lc.transport.list(directory)
+    except NotFound:
+        return []
+
+
+def _decoded(layout: Layout, name: str) -> Candidate | None:
+    return layout.decode_name(name)
+
+
+def _redelivered(layout: Layout, name: str) -> str:
+    """``name`` with its delivery count raised (as it was if it cannot carry one)."""
+    cand = _decoded(layout, name)
+    if cand is None:
+        return name
+    return layout.with_delivery_count(cand, cand.envelope.headers.delivery_count + 1)
+
+
+def _as_outbound(lc: Lifecycle, stage: str, name: str) -> Outbound:
+    return Outbound(lc.layout.box_path(name), stage)

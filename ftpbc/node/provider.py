@@ -1,4 +1,4 @@
-"""A provider: one endpoint's inbound poller and its worker pool on one node.
+"""A provider: the inbound poller and worker pool of one endpoint or transfer on one node.
 
 The poller takes the poll lock (T_LOCK + F_LOCK), lists the inbox, claims the oldest matching
 files (no more than it has idle workers for, so one node never hoards work that another could
@@ -25,28 +25,24 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ftpbc.cluster.poll_lock import PollLock
-from ftpbc.config.models import EndpointConfig
-from ftpbc.errors import FtpbcError, NotFound, TransportError
-from ftpbc.exchange.lifecycle import Claimed, Exchange
+from ftpbc.errors import NotFound, TransportError, UnsafeEntry
+from ftpbc.exchange.layout import KEY_PREFIX as TRANSFER_KEY_PREFIX
+from ftpbc.exchange.layout import Candidate
+from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Lifecycle
 from ftpbc.exchange.message import Message, result_bytes
-from ftpbc.patterns import Pattern
-from ftpbc.transport.base import Entry
 
 log = logging.getLogger("ftpbc.provider")
 
 Handler = Callable[[Message], object]
-SPOOL_IN_MEMORY = 4 * 1024 * 1024
+T = TypeVar("T")
 LOCK_RETRY = 0.005
 #: a claim batch is drawn from this many times its size of the oldest remembered files
 CLAIM_WINDOW = 8
 #: a poll gives up on a remembered backlog after this many attempts per claim it wanted
 STALE_TRIES = 4
-#: names whose pattern match a provider remembers (emptied when it outgrows this)
-MATCHED_NAMES = 20_000
 #: first wait after a poll that found work; doubles up to poll_interval
 FIRST_IDLE_WAIT = 0.002
 
@@ -69,6 +65,9 @@ class ProviderStats:
 
 class PollSettings(Protocol):
     """What a :class:`Poller` needs of its configuration (endpoints and transfers have it)."""
+
+    @property
+    def drain_timeout(self) -> float: ...
 
     @property
     def poll_interval(self) -> float: ...
@@ -142,8 +141,8 @@ class Poller:
             try:
                 found = self.poll_once()
                 backoff = self.config.poll_interval
-            except FtpbcError as exc:
-                log.warning("%s: poll failed: %s", self.name, exc)
+            except Exception as exc:  # a poller never dies: log, back off, go on
+                log.warning("%s: poll failed: %s: %s", self.name, type(exc).__name__, exc)
                 found = 0
                 backoff = min(backoff * 2, max(self.config.poll_interval, 30.0))
                 self._stop.wait(backoff)
@@ -166,13 +165,13 @@ class Poller:
                 self._in_flight_cv.wait(0.5)
             return self._capacity - self._in_flight
 
-    def _dispatch(self, job: Callable[[], None], what: str) -> None:
+    def _dispatch(self, job: Callable[[], object], what: str) -> None:
         """Run ``job`` on a worker; it holds one of the slots :meth:`_free_slots` counts."""
         with self._in_flight_cv:
             self._in_flight += 1
         self._pool.submit(self._work, job, what)
 
-    def _work(self, job: Callable[[], None], what: str) -> None:
+    def _work(self, job: Callable[[], object], what: str) -> None:
         try:
             job()
         except Exception:
@@ -182,7 +181,7 @@ class Poller:
                 self._in_flight -= 1
                 self._in_flight_cv.notify_all()
 
-    def _retry(self, step: Callable[[], bool | None]) -> bool | None:
+    def _retry(self, step: Callable[[], T]) -> T | None:
         """Run an idempotent step until it succeeds or the node stops (recovery then finishes)."""
         delay = 0.05
         while True:
@@ -214,46 +213,48 @@ class Poller:
 
 
 class Provider(Poller):
-    """One endpoint's request poller and workers."""
+    """The poller and workers of one endpoint (its inbound direction) or one transfer."""
 
-    config: EndpointConfig
-
-    def __init__(self, name: str, config: EndpointConfig, exchange: Exchange, handler: Handler,
+    def __init__(self, name: str, config: PollSettings, lifecycle: Lifecycle, handler: Handler,
                  poll_lock: PollLock) -> None:
         super().__init__(name, config, poll_lock)
-        self.exchange = exchange
+        self.lifecycle = lifecycle
         self.handler = handler
-        self.request_pattern = Pattern.parse(config.request_prefix + config.message_name)
-        self.oneway_pattern = Pattern.parse(config.oneway_prefix + config.message_name)
-        self._reported: set[str] = set()
-        # What the last listing found and this node has not claimed yet, oldest first.
-        self._backlog: deque[tuple[str, str | None, int]] = deque()
-        self._matched: dict[str, tuple[bool, str | None]] = {}
+        self.in_place = lifecycle.layout.select is None
+        # What the last listing found and this node has not claimed yet, best first.
+        self._backlog: deque[Candidate] = deque()
 
     def _poll_locked(self, free: int) -> int:
-        """Claim up to ``free`` requests from the remembered backlog, listing the inbox if empty.
+        """Claim up to ``free`` messages from the remembered backlog, listing the box if empty.
 
-        The inbox is listed only when the remembered backlog of the last listing is used up (or
+        The box is listed only when the remembered backlog of the last listing is used up (or
         went stale): a listing of 10,000 entries costs 30-100 ms to fetch and parse, a claim a
         single rename.  A remembered file another node took meanwhile is a lost race, one round
         trip; the poll then draws again from the backlog until it has its ``free`` claims, within
-        STALE_TRIES x ``free`` attempts.  Nodes sharing an inbox each take most of what the others
+        STALE_TRIES x ``free`` attempts.  Nodes sharing a box each take most of what the others
         remember (three quarters with four nodes), and dropping the backlog whenever most of a
         batch was lost made every poll a full listing under the poll lock (4 nodes, lock: file:
         0.45 of the lock-free floor).  A poll that wins nothing drops the backlog.
         """
+        lc = self.lifecycle
+        if self.in_place:
+            # Read in place: only holding the lock keeps other nodes off these files.  A file
+            # that could not be handled stays (held back a while) and counts 0.
+            picks = lc.waiting()[:free]
+            claimed, _ = lc.claim(picks, "serve")
+            return sum(1 for c in claimed if not self._stop.is_set() and self._serve_one(c))
         listed = False
         won = lost = tried = 0
         while won < free and tried < STALE_TRIES * free:
             if not self._backlog:
                 if listed:
                     break
-                self._backlog = deque(self._candidates())
+                self._backlog = deque(lc.waiting())
                 listed = True
                 if not self._backlog:
                     break
             picks = self._take(free - won)
-            claimed, lost_now = self.exchange.claim("in", picks, "serve")
+            claimed, lost_now = lc.claim(picks, "serve")
             for c in claimed:
                 self._dispatch(functools.partial(self._serve_one, c), c.name)
             won += len(claimed)
@@ -263,12 +264,12 @@ class Provider(Poller):
             self._backlog.clear()
         return self._claimed_count(won, lost)
 
-    def _take(self, count: int) -> list[tuple[str, str | None, int]]:
-        """``count`` files from the oldest part of the backlog, chosen at random within it.
+    def _take(self, count: int) -> list[Candidate]:
+        """``count`` files from the best part of the backlog, chosen at random within it.
 
         Nodes that listed the same backlog would otherwise all go for the same oldest files and
         lose most of their claims to each other; drawing from a window of the oldest keeps the
-        order approximately oldest-first while making collisions rare.
+        order approximately best-first while making collisions rare.
         """
         backlog = self._backlog
         count = min(count, len(backlog))
@@ -280,76 +281,55 @@ class Provider(Poller):
         backlog.extendleft(reversed([entry for i, entry in enumerate(head) if i not in chosen]))
         return [head[i] for i in sorted(chosen)]
 
-    def _candidates(self) -> list[tuple[str, str | None, int]]:
-        """Matching files in the inbox, oldest first (by modification time, then name)."""
-        entries = self.exchange.transport.list(self.exchange.area.dir("in", "box"))
-        # Names already matched against the patterns (matching?, UUID): a large
-        # inbox is listed again and again, and matching 10,000 names cost ~15 ms a listing.
-        if len(self._matched) > MATCHED_NAMES:
-            self._matched = {}
-        matched = self._matched
-        found = []
-        for e in sorted(entries, key=_age_order):
-            if e.is_dir:
-                continue
-            try:
-                ours, uid = matched[e.name]
-            except KeyError:
-                m = self.request_pattern.match(e.name) or self.oneway_pattern.match(e.name)
-                ours, uid = matched[e.name] = (m is not None, m.uuid if m is not None else None)
-            if not ours:
-                self._report_foreign(e.name)
-                continue
-            found.append((e.name, uid, e.size))
-        return found
-
-    def _report_foreign(self, name: str) -> None:
-        if name not in self._reported and len(self._reported) < 10_000:
-            self._reported.add(name)
-            log.warning("%s: %s in inbox does not match %r; left untouched", self.name, name,
-                        self.request_pattern.text)
-
     # ------------------------------------------------------------------ serving
 
-    def _serve_one(self, claimed: Claimed) -> None:
+    def _serve_one(self, claimed: Claimed) -> bool:
+        """Read, call the handler, record, commit and reply; True once the message is done."""
         started = time.monotonic()
+        lc = self.lifecycle
         spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115
         with spool:
             try:
-                self.exchange.read(claimed, spool)  # type: ignore[arg-type]
+                lc.read(claimed, spool)  # type: ignore[arg-type]
+            except UnsafeEntry as exc:
+                outcome = lc.file_error(claimed, f"{type(exc).__name__}: {exc}")
+                log.warning("%s: %s is not a file it can read: %s", self.name, claimed.name, outcome)
+                self.stats.add(failed=1)
+                return False
             except NotFound:
                 # Our claim vanished: a live node returned it, believing us dead.
-                self.exchange.journal.end(claimed.op_id)
+                lc.journal.end(claimed.op_id)
                 self.stats.add(lost_claims=1)
-                return
+                return False
             except TransportError as exc:
-                log.warning("%s: cannot read %s, returning it to the inbox: %s", self.name, claimed.name, exc)
-                self._retry(lambda: self.exchange.unclaim(claimed))
-                return
-            respond = self.request_pattern.match(claimed.name) is not None
-            message = Message(self.name, claimed.name, claimed.uuid, claimed.size, spool)  # type: ignore[arg-type]
+                what = self._retry(functools.partial(lc.read_failed, claimed, exc))
+                log.warning("%s: cannot read %s: %s; %s", self.name, claimed.name, exc, what)
+                return False
+            env = claimed.candidate.envelope
+            message = Message(self.name, claimed.name, env.headers.id, claimed.size, spool,  # type: ignore[arg-type]
+                              dict(claimed.candidate.values), env.headers, env.properties)
             error: str | None = None
+            result: bytes | None = None
             try:
-                body = result_bytes(self.handler(message))
+                returned = self.handler(message)
+                result = None if returned is None and self.result_optional else result_bytes(returned)
             except Exception as exc:  # the handler is user code: any failure is its reply
-                body = b""
                 error = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:2000]
                 log.warning("%s: handler failed on %s: %s", self.name, claimed.name, error)
-        fields = self.exchange.record_served(claimed, body, error=error, respond=respond)
+        fields = lc.record_served(claimed, result, error=error)
         attempts = iter(range(1 << 30))
         # The first attempt knows the server's state; a retry must re-check it (stat calls).
-        ok = self._retry(lambda: self.exchange.finish_served(claimed.op_id, fields,
-                                                             fresh=next(attempts) == 0))
+        ok = self._retry(lambda: lc.finish_served(claimed.op_id, fields, fresh=next(attempts) == 0))
         if ok is False:
             self.stats.add(lost_claims=1)
         elif ok:
             self.stats.add(served=1 if error is None else 0, failed=1 if error is not None else 0)
             with self.stats.lock:
                 self.stats.latencies.append(time.monotonic() - started)
+        return ok is not None
 
-
-_NO_TIME = datetime.min.replace(tzinfo=UTC)
-
-
-def _age_order(e: Entry) -> tuple[datetime, str]:
-    return (e.mtime or _NO_TIME, e.name)
+    @property
+    def result_optional(self) -> bool:
+        """A transfer's handler may return None (nothing to send); an endpoint's None is an
+        empty response."""
+        return self.lifecycle.layout.key.startswith(TRANSFER_KEY_PREFIX)

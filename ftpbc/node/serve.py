@@ -17,15 +17,12 @@ from pathlib import Path
 
 from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.config.models import Config
-from ftpbc.errors import ConfigError, FtpbcError
+from ftpbc.errors import ConfigError
 from ftpbc.exchange.message import Message
-from ftpbc.exchange.partner import KEY_PREFIX as TRANSFER_KEY_PREFIX
-from ftpbc.exchange.partner import Transfer
-from ftpbc.exchange.recovery import Action, recover_endpoint, recover_orphans
+from ftpbc.exchange.recovery import Action
 from ftpbc.exchange.runtime import Runtime
 from ftpbc.exchange.sweeper import Sweeper
 from ftpbc.node.provider import Poller, Provider
-from ftpbc.node.transfer import TransferProvider, TransferSweeper
 
 log = logging.getLogger("ftpbc.node")
 
@@ -48,39 +45,9 @@ def load_handler(spec: str, *, key: str, source: str) -> Handler:
     return handler  # type: ignore[no-any-return]
 
 
-def recover(runtime: Runtime, transfers: dict[str, Transfer] | None = None, *,
-            orphans: bool = True) -> list[Action]:
-    """Replay this node's journal; endpoints no longer configured are reported, not touched.
-
-    With ``orphans``, every configured endpoint's stage and select directories are also searched
-    for files of this node that no journal record accounts for (see recovery.recover_orphans).
-    Only the first opener of this node's journal in the process recovers: a Client started
-    beside a Node of the same id must not undo the Node's work in progress.
-    """
-    actions: list[Action] = []
-    if not runtime.journal.first:
-        log.info("journal of node %s already open in this process; recovery left to its first user",
-                 runtime.node_id)
-        return actions
-    for endpoint, ops in runtime.journal.all_pending().items():
-        if endpoint.startswith(TRANSFER_KEY_PREFIX):
-            name = endpoint[len(TRANSFER_KEY_PREFIX):]
-            if name in runtime.config.transfers:
-                tr = (transfers or {}).get(name) or Transfer.from_runtime(runtime, name)
-                actions.extend(tr.recover())
-            else:
-                actions.extend(Action(endpoint, op.op_id, op.kind, "skipped: transfer not configured")
-                               for op in ops)
-            continue
-        if endpoint not in runtime.config.endpoints:
-            actions.extend(Action(endpoint, op.op_id, op.kind, "skipped: endpoint not configured")
-                           for op in ops)
-            continue
-        actions.extend(recover_endpoint(runtime.exchange(endpoint), orphans=False))
-    if orphans:
-        for endpoint in runtime.config.endpoints:
-            actions.extend(recover_orphans(runtime.exchange(endpoint)))
-    return actions
+def recover(runtime: Runtime, *, orphans: bool = True) -> list[Action]:
+    """Replay this node's journal (see :meth:`Runtime.recover`)."""
+    return runtime.recover(orphans=orphans)
 
 
 class Node:
@@ -106,7 +73,9 @@ class Node:
         served_count = len(self.handlers) + len(self.transfer_handlers)
         self.runtime = Runtime(config, connections=workers + 2 * served_count + 1)
         self.providers: dict[str, Poller] = {}
-        self.sweepers: list[Sweeper | TransferSweeper] = []
+        self.sweepers: list[Sweeper] = []
+        #: sweep rounds done (every sweeper once per round)
+        self.sweeps = 0
         self.recovered: list[Action] = []
         self._stop = threading.Event()
         self._sweep_thread: threading.Thread | None = None
@@ -117,27 +86,28 @@ class Node:
 
     def start(self) -> None:
         node = self.config.node
+        state_dir = Path(node.state_dir)
         self.runtime.heartbeat.start()
-        transfers = {name: Transfer.from_runtime(self.runtime, name) for name in self.transfer_handlers}
-        self.recovered = recover(self.runtime, transfers)
+        self.recovered = recover(self.runtime)
         for name, handler in self.handlers.items():
             ep = self.config.endpoints[name]
-            ex = self.runtime.exchange(name)
-            provider = Provider(name, ep, ex, handler, PollLock(node.state_dir, name, ep.lock,
-                                                                 holder=node.id, lease=node.lease))
-            self.providers[name] = provider
-            self.sweepers.append(Sweeper(name, ep, ex, Path(node.state_dir), node.lease))
-            server = self.config.servers[ep.server]
-            log.info("serving %s on %s%s (lock: %s, workers: %d, node: %s)", name, server.display,
-                     ep.repository, ep.lock, ep.workers, self.node_id)
+            inbound, outbound = self.runtime.endpoint_lifecycles(name)
+            lock = PollLock(state_dir, name, ep.lock, holder=node.id, lease=node.lease)
+            self.providers[name] = Provider(name, ep, inbound, handler, lock)
+            self.sweepers.append(Sweeper([inbound, outbound], state_dir, node.lease,
+                                         uncollected_after=ep.uncollected_after))
+            log.info("serving %s on %s%s (lock: %s, workers: %d, node: %s)", name,
+                     self.config.servers[ep.server].display, ep.repository, ep.lock, ep.workers, self.node_id)
         for name, handler in self.transfer_handlers.items():
-            tr = transfers[name]
-            tr.prepare()
-            self.providers[name] = TransferProvider(tr, handler)
-            self.sweepers.append(TransferSweeper(tr, Path(node.state_dir), node.lease))
-            server = self.config.servers[tr.config.server]
-            log.info("serving transfer %s on %s%s (lock: %s, workers: %d, node: %s)", name, server.display,
-                     tr.config.receive_from, tr.config.lock, tr.config.workers, self.node_id)
+            tc = self.config.transfers[name]
+            lc = self.runtime.transfer(name)
+            self.providers[name] = Provider(name, tc, lc, handler,
+                                            PollLock(state_dir, lc.layout.key, tc.lock, holder=node.id,
+                                                     lease=node.lease))
+            self.sweepers.append(Sweeper([lc], state_dir, node.lease))
+            log.info("serving transfer %s on %s%s (lock: %s, workers: %d, node: %s)", name,
+                     self.config.servers[tc.server].display, tc.receive_from, tc.lock, tc.workers,
+                     self.node_id)
         for poller in self.providers.values():
             poller.start()
         self._sweep_thread = threading.Thread(target=self._sweep_loop, name="sweeper", daemon=True)
@@ -149,16 +119,16 @@ class Node:
             for s in self.sweepers:
                 try:
                     s.sweep()
-                except FtpbcError as exc:
-                    log.warning("%s: sweep failed: %s", s.endpoint, exc)
+                except Exception as exc:  # the sweeper never dies: log and go on next round
+                    log.warning("%s: sweep failed: %s: %s", s.endpoint, type(exc).__name__, exc)
+            self.sweeps += 1
 
     def stop(self, drain_timeout: float | None = None) -> bool:
         """Stop polling and drain; True if every in-flight handler finished in time."""
         self._stop.set()
         drained = True
-        for name, provider in self.providers.items():
-            settings = self.config.endpoints.get(name) or self.config.transfers[name]
-            limit = settings.drain_timeout if drain_timeout is None else drain_timeout
+        for provider in self.providers.values():
+            limit = provider.config.drain_timeout if drain_timeout is None else drain_timeout
             drained = provider.stop(limit) and drained
         if self._sweep_thread is not None:
             self._sweep_thread.join(timeout=5)

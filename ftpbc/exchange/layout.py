@@ -1,0 +1,501 @@
+"""Where messages live: the one thing endpoints and transfers do differently.
+
+The lifecycle (:mod:`ftpbc.exchange.lifecycle`) moves a message through the same steps
+everywhere: stage, expose, claim, read, serve, commit, respond, archive or delete, error,
+return.  A :class:`Layout` says *where* each step puts the file:
+
+:class:`AreaLayout`
+    one direction of an endpoint's exchange area (``in``: requests and one-way messages, served
+    by providers; ``out``: responses, collected by clients).  Names carry the envelope
+    (:mod:`ftpbc.exchange.envelope`); the directories are ``<dir>box``, ``<dir>select`` ...
+:class:`PartnerLayout`
+    a transfer (``transfers:``): files in a partner's own directories, names from patterns,
+    pre/post commands (docs/transfers.md).
+
+A layout also turns a listing into :class:`Candidate` messages: names decoded once per listing
+(never again downstream), unusable names logged once and skipped (one bad entry never stops the
+rest), and, for partners that upload in place, files held back until they are stable.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal
+
+from ftpbc.config.models import EndpointConfig, TransferConfig, split_pattern_path
+from ftpbc.errors import ConfigError, FtpbcError, UnsafeNameError
+from ftpbc.exchange.area import ERROR_REPLY_SUFFIX, ExchangeArea, archive_name, claim_name, parse_archive_name
+from ftpbc.exchange.envelope import (
+    ERROR_TYPE,
+    NAME_LIMIT,
+    Envelope,
+    Headers,
+    NameCodec,
+    PropertyValue,
+    UnusableName,
+    codec_for,
+)
+from ftpbc.paths import check_name, join
+from ftpbc.patterns import ExpandContext, Pattern
+from ftpbc.patterns.match import Value
+from ftpbc.sequences import SequenceStore
+from ftpbc.transport.base import Entry, Transport
+
+log = logging.getLogger("ftpbc.exchange")
+
+Direction = Literal["in", "out"]
+
+#: names a layout remembers having warned about (so a bad file is logged once, not per poll)
+REPORTED_NAMES = 10_000
+#: decoded names a layout remembers (a large inbox is listed again and again)
+DECODED_NAMES = 20_000
+_NO_TIME = datetime.min.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Outbound:
+    """Where one outgoing file goes.
+
+    Uploaded to ``stage`` and renamed to ``target`` (``stage`` None: written to ``target``
+    directly, so a reader may see it partial); an existing target is first moved
+    (``protect_copy`` False) or copied to ``protect``; once in place it is renamed to ``final``.
+    """
+
+    target: str
+    stage: str | None = None
+    protect: str | None = None
+    protect_copy: bool = False
+    final: str | None = None
+
+    def fields(self) -> dict[str, str]:
+        out = {"target": self.target}
+        for key in ("stage", "protect", "final"):
+            value = getattr(self, key)
+            if value:
+                out[key] = value
+        if self.protect_copy:
+            out["protect_copy"] = "1"
+        return out
+
+    @classmethod
+    def from_fields(cls, f: dict[str, str]) -> Outbound | None:
+        if "target" not in f:
+            return None
+        return cls(f["target"], f.get("stage") or None, f.get("protect") or None,
+                   f.get("protect_copy") == "1", f.get("final") or None)
+
+    @property
+    def where(self) -> str:
+        """Where the file is once the outbound step is over."""
+        return self.final or self.target
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A listed file that is a message of this layout, decoded once."""
+
+    name: str
+    size: int
+    mtime: datetime | None
+    envelope: Envelope
+    #: what the name's pattern carried (transfers: ``%*0``..., dates, counters)
+    values: dict[str, Value] = field(default_factory=dict)
+
+    @property
+    def uuid(self) -> str:
+        return self.envelope.headers.id
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Where a served message goes: ``path`` ("" = deleted in place); ``cleanup`` = deleted from
+    there once its result is out (a commit by rename is decidable after a crash, a delete is not)."""
+
+    path: str
+    cleanup: bool = False
+
+
+class Layout(ABC):
+    """The directories and names of one message queue.  Thread-safe."""
+
+    #: journal and poll-lock key (an endpoint's name, ``transfer:<name>`` for a transfer)
+    key: str
+    #: for log lines
+    display: str
+    direction: Direction
+    #: where messages wait
+    box: str
+    #: where claims go (``<name>~<node>``); None: read in place under the poll lock
+    select: str | None
+    #: where failed messages go, with ``<name>.reason`` beside
+    error: str
+    #: staging directories this layout writes
+    stages: tuple[str, ...] = ()
+    #: staging directories whose files of this node are orphans once its journal is replayed
+    orphan_stages: tuple[str, ...] = ()
+    #: seconds a file's size and time must stay unchanged before it is claimed (0: at once)
+    stable_for: float = 0.0
+    #: message ids are unique tokens (UUIDs) that can name journal operations
+    unique_ids: bool = True
+    #: bytes a name grows by in this node's hands (``~<node>~<stamp>``); set by the lifecycle
+    reserve: int = len("~") + 64 + len("~20261125T120000.000Z")
+
+    def ensure_dir(self, transport: Transport, path: str) -> None:  # noqa: B027 - a no-op by default
+        """Create ``path``'s directory if this layout's targets can be anywhere (no-op here)."""
+
+    def __init__(self) -> None:
+        self._reported: set[str] = set()
+        self._decoded: dict[str, Candidate | None] = {}
+        self._seen: dict[str, tuple[int, datetime | None, float]] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ listing
+
+    @abstractmethod
+    def prepare(self, transport: Transport) -> None:
+        """Create the directories this layout uses that are missing."""
+
+    @abstractmethod
+    def _decode(self, entry: Entry) -> Candidate | None:
+        """The candidate a listed file is, None if it is not one of ours; UnusableName or
+        UnsafeNameError if it is ours but cannot be used."""
+
+    def candidates(self, entries: Iterable[Entry], *, now: float | None = None) -> list[Candidate]:
+        """The messages among ``entries``, in delivery order (higher priority first, then oldest).
+
+        Unusable names are logged once and skipped; with ``stable_for`` a file is a candidate
+        only once two listings at least ``stable_for`` apart saw the same size and time.
+        """
+        found: list[Candidate] = []
+        decoded = self._decoded
+        if len(decoded) > DECODED_NAMES:
+            decoded.clear()
+        for e in entries:
+            if e.is_dir:
+                continue
+            cand = decoded[e.name] if e.name in decoded else self._decode_once(e)
+            if cand is None:
+                continue
+            if cand.size != e.size or cand.mtime != e.mtime:
+                cand = Candidate(cand.name, e.size, e.mtime, cand.envelope, cand.values)
+            found.append(cand)
+        if self.stable_for > 0:
+            found = self._stable(found, time.monotonic() if now is None else now)
+        found.sort(key=_delivery_order)
+        return found
+
+    def _decode_once(self, e: Entry) -> Candidate | None:
+        try:
+            cand = self._decode(e)
+        except (UnusableName, UnsafeNameError) as exc:
+            self.report(e.name, f"unusable name, left untouched: {exc}")
+            cand = None
+        except FtpbcError as exc:  # one bad entry never stops the rest
+            self.report(e.name, f"cannot decode, left untouched: {exc}")
+            cand = None
+        self._decoded[e.name] = cand
+        return cand
+
+    def decode_name(self, name: str) -> Candidate | None:
+        """The candidate a bare name is (size unknown), None if it is not a usable message."""
+        cand = (self._decoded[name] if name in self._decoded
+                else self._decode_once(Entry(name, -1, None, False)))
+        if cand is not None and cand.size != -1:
+            cand = Candidate(cand.name, -1, None, cand.envelope, cand.values)
+        return cand
+
+    def _stable(self, found: list[Candidate], now: float) -> list[Candidate]:
+        """Files unchanged for ``stable_for`` seconds; remembers what it saw for the next call."""
+        seen, fresh = self._seen, {}
+        stable = []
+        for c in found:
+            size_time = (c.size, c.mtime)
+            before = seen.get(c.name)
+            since = before[2] if before is not None and before[:2] == size_time else now
+            fresh[c.name] = (c.size, c.mtime, since)
+            if now - since >= self.stable_for:
+                stable.append(c)
+        self._seen = fresh  # files no longer listed are forgotten
+        return stable
+
+    def report(self, name: str, why: str) -> None:
+        """Log a problem with a file once (not once per poll)."""
+        with self._lock:
+            if name in self._reported or len(self._reported) >= REPORTED_NAMES:
+                return
+            self._reported.add(name)
+        log.warning("%s: %r: %s", self.display, name, why)
+
+    # ------------------------------------------------------------------ paths
+
+    def check_usable(self, name: str) -> None:
+        """Raise UnsafeNameError or UnusableName if ``name`` cannot go through the lifecycle: not
+        a bare name, or too long to archive as ``<name>~<node>~<stamp>`` under the server's limit."""
+        check_name(name)
+        if len(name.encode("utf-8")) + self.reserve > NAME_LIMIT:
+            raise UnusableName(name, f"too long: archived as <name>~<node>~<stamp> it would exceed "
+                                     f"{NAME_LIMIT} bytes")
+
+    @staticmethod
+    def is_claim(claimed: str) -> bool:
+        """A bare claim ``<name>~<node>`` (not a committed ``<name>~<node>~<stamp>``)."""
+        _, node, when = parse_archive_name(claimed)
+        return node is not None and when is None
+
+    def box_path(self, name: str) -> str:
+        return join(self.box, name)
+
+    def claim_path(self, name: str, node_id: str) -> str:
+        """Where ``node_id`` claims ``name`` (the box itself when reading in place)."""
+        if self.select is None:
+            return self.box_path(name)
+        return join(self.select, claim_name(name, node_id))
+
+    def error_path(self, name: str, node_id: str, when: datetime) -> str:
+        return join(self.error, archive_name(name, node_id, when))
+
+    @abstractmethod
+    def commit(self, c: Candidate, node_id: str, when: datetime, *, error: bool) -> Commit:
+        """Where a served (``error``: failed) message goes."""
+
+    def reply(self, c: Candidate, node_id: str, when: datetime, op_id: str, *,
+              error: bool) -> Outbound | None:
+        """Where a handler's result (or error reply) for ``c`` goes; None: nowhere."""
+        return None
+
+    def with_delivery_count(self, c: Candidate, count: int) -> str:
+        """``c``'s name with its delivery count set (the name it goes back to the box under)."""
+        return c.name
+
+
+def _delivery_order(c: Candidate) -> tuple[int, datetime, str]:
+    return (-c.envelope.headers.priority, c.mtime or _NO_TIME, c.name)
+
+
+class AreaLayout(Layout):
+    """One direction of an endpoint's exchange area (see :mod:`ftpbc.exchange.area`)."""
+
+    def __init__(self, endpoint: str, config: EndpointConfig, direction: Direction, *,
+                 area: ExchangeArea | None = None) -> None:
+        super().__init__()
+        self.key = endpoint
+        self.display = endpoint
+        self.config = config
+        self.direction = direction
+        self.area = area or ExchangeArea(config.repository)
+        self.request_pattern = Pattern.parse(config.request_prefix + config.message_name)
+        self.oneway_pattern = Pattern.parse(config.oneway_prefix + config.message_name)
+        self.codec: NameCodec = codec_for(
+            config.naming, **({"request_prefix": config.request_prefix,
+                               "response_prefix": config.response_prefix,
+                               "oneway_prefix": config.oneway_prefix,
+                               "uuid_of": self._uuid_of}
+                              if config.naming == "ftpbc" else {}))
+        self.box = self.area.dir(direction, "box")
+        self.select = self.area.dir(direction, "select")
+        self.error = self.area.dir(direction, "error")
+        self.stages = (self.area.dir(direction, "stage"),)
+        # A staged response is never an orphan: its served record is fsynced before the upload.
+        self.orphan_stages = self.stages if direction == "in" else ()
+        self.archive_dir = self.area.dir(direction, "archive")
+        self.protect_dir = self.area.dir(direction, "protect")
+
+    def _uuid_of(self, base: str) -> str | None:
+        m = self.request_pattern.match(base) or self.oneway_pattern.match(base)
+        return m.uuid if m is not None else None
+
+    def prepare(self, transport: Transport) -> None:
+        for d in self.area.all_dirs():
+            transport.mkdir(d)
+
+    def _decode(self, entry: Entry) -> Candidate | None:
+        env = self.codec.decode(entry.name, direction=self.direction)
+        if env is None:
+            self.report(entry.name, f"does not match {self.request_pattern.text!r}; left untouched")
+            return None
+        self.check_usable(entry.name)
+        return Candidate(entry.name, entry.size, entry.mtime, env)
+
+    # names
+
+    def name_for(self, headers: Headers, properties: dict[str, PropertyValue] | None = None,
+                 base: str = "") -> str:
+        """A file name for a message with these headers (``base``: the ftpbc codec's plain name)."""
+        return check_name(self.codec.encode(base, headers, properties or {}))
+
+    def response_name(self, request: Envelope, node_id: str, *, error: bool) -> str:
+        uid = request.headers.id
+        headers = Headers(id=uid, kind="response", correlation_id=uid,
+                          type=ERROR_TYPE if error else None, priority=request.headers.priority)
+        base = f"{self.config.response_prefix}{uid}{ERROR_REPLY_SUFFIX if error else ''}"
+        return self.name_for(headers, base=base)
+
+    def outbound(self, name: str, node_id: str, when: datetime) -> Outbound:
+        """Stage ``name`` as ``<name>~<node>`` and expose it in the box."""
+        return Outbound(self.box_path(name), join(self.stages[0], claim_name(name, node_id)),
+                        join(self.protect_dir, archive_name(name, node_id, when))
+                        if self.config.protect else None)
+
+    def commit(self, c: Candidate, node_id: str, when: datetime, *, error: bool) -> Commit:
+        if error:
+            return Commit(self.error_path(c.name, node_id, when))
+        return Commit(join(self.archive_dir, archive_name(c.name, node_id, when)),
+                      cleanup=not self.config.archive)
+
+    def reply(self, c: Candidate, node_id: str, when: datetime, op_id: str, *,
+              error: bool) -> Outbound | None:
+        if self.direction != "in" or c.envelope.headers.kind != "request":
+            return None
+        out = self.area
+        name = self.response_name(c.envelope, node_id, error=error)
+        return Outbound(out.path("out", "box", name), out.path("out", "stage", claim_name(name, node_id)),
+                        out.path("out", "protect", archive_name(name, node_id, when))
+                        if self.config.protect else None)
+
+    def with_delivery_count(self, c: Candidate, count: int) -> str:
+        if self.direction == "out":
+            return c.name  # a response is delivered to one waiting caller: no count to keep
+        env = c.envelope
+        base = env.base if self.codec.name == "ftpbc" else ""
+        try:
+            return self.name_for(env.replace(delivery_count=count).headers, dict(env.properties), base)
+        except (FtpbcError, ValueError):
+            return c.name  # too long with the count, or not a name of ours: goes back as it was
+
+
+class PartnerLayout(Layout):
+    """A transfer: a partner's own directories (docs/transfers.md)."""
+
+    direction: Direction = "in"
+    unique_ids = False
+
+    def __init__(self, name: str, config: TransferConfig, sequences: SequenceStore,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        super().__init__()
+        self.name = name
+        self.key = KEY_PREFIX + name
+        self.display = f"transfer {name}"
+        self.config = config
+        self.sequences = sequences
+        self.clock = clock
+        self.stable_for = config.stable_for
+        self.receive_pattern: Pattern | None = None
+        self.send_pattern: Pattern | None = None
+        rdir = sdir = "/"
+        if config.receive_from is not None:
+            rdir, pattern = split_pattern_path("receive_from", config.receive_from)
+            self.receive_pattern = Pattern.parse(pattern)
+        if config.send_to is not None:
+            sdir, pattern = split_pattern_path("send_to", config.send_to)
+            self.send_pattern = Pattern.parse(pattern)
+        self.receive_dir: str | None = rdir if config.receive_from is not None else None
+        self.send_dir: str | None = sdir if config.send_to is not None else None
+        self.box = rdir
+        self.select = ((config.select_dir or join(rdir, ".ftpbc-select"))
+                       if config.pre_receive == "rename" else None)
+        self.error = config.error_dir or join(rdir, ".ftpbc-error")
+        self.archive_dir = join(rdir, ".ftpbc-archive")
+        self.stage_dir = config.stage_dir or join(sdir, ".ftpbc-stage")
+        self.protect_dir = join(sdir, ".ftpbc-protect")
+        self.stages = (self.stage_dir,) if config.stage and config.send_to is not None else ()
+        self.orphan_stages = self.stages
+        self._made: set[str] = set()
+        self._made_lock = threading.Lock()
+
+    def prepare(self, transport: Transport) -> None:
+        if self.receive_dir is not None:
+            for d in (self.receive_dir, self.error, *((self.select,) if self.select else ())):
+                transport.mkdir(d)
+
+    def ensure_dir(self, transport: Transport, path: str) -> None:
+        """Create ``path``'s directory once per process (targets are patterns over whole paths)."""
+        directory = posixpath.dirname(path)
+        with self._made_lock:
+            if directory in self._made:
+                return
+        transport.mkdir(directory)
+        with self._made_lock:
+            self._made.add(directory)
+
+    def _decode(self, entry: Entry) -> Candidate | None:
+        assert self.receive_pattern is not None
+        m = self.receive_pattern.match(entry.name)
+        if m is None:
+            return None
+        self.check_usable(entry.name)
+        values = dict(m.values)
+        values.update({f"%*{i}": w for i, w in enumerate(m.wildcards)})
+        uid = m.uuid
+        return Candidate(entry.name, entry.size, entry.mtime,
+                         Envelope(Headers(id=uid or entry.name), {}, entry.name), values)
+
+    # names
+
+    def _expand(self, text: str, now: datetime, *, file: str | None = None,
+                directory: str | None = None) -> str:
+        ctx = ExpandContext(endpoint=self.name, store=self.sequences, now=now, tz=self.config.timezone,
+                            file=file, directory=directory)
+        return Pattern.parse(text).expand(ctx).name
+
+    def plan(self, op_id: str, node_id: str, *, file: str | None = None,
+             directory: str | None = None) -> Outbound:
+        """Every name of one outbound file, decided now (sequence values drawn once).
+
+        ``file``/``directory`` feed ``%f``/``%p`` in ``send_to`` (a received file's).
+        """
+        cfg = self.config
+        if self.send_pattern is None or self.send_dir is None:
+            raise ConfigError(f"transfer {self.name!r} has no send_to", key=f"transfers.{self.name}.send_to")
+        now = self.clock()
+        ctx = ExpandContext(endpoint=self.name, store=self.sequences, now=now, tz=cfg.timezone,
+                            file=file, directory=directory)
+        target_name = self.send_pattern.expand(ctx).name
+        target = join(self.send_dir, target_name)
+        stage = None
+        if cfg.stage:
+            stage = join(self.stage_dir, f"{claim_name(target_name, node_id)}~{op_id.split('.', 1)[0][:8]}")
+        protect = None
+        if cfg.pre_send != "none":
+            protect = (self._expand(cfg.pre_send_to, now, file=target_name, directory=self.send_dir)
+                       if cfg.pre_send_to
+                       else join(self.protect_dir, archive_name(target_name, node_id, now)))
+        final = None
+        if cfg.post_send == "rename":
+            assert cfg.post_send_to is not None  # validated with the configuration
+            final = self._expand(cfg.post_send_to, now, file=target_name, directory=self.send_dir)
+        return Outbound(target, stage, protect, cfg.pre_send == "copy", final)
+
+    def commit(self, c: Candidate, node_id: str, when: datetime, *, error: bool) -> Commit:
+        cfg = self.config
+        assert self.receive_dir is not None
+        stamped = archive_name(c.name, node_id, when)
+        if error:
+            return Commit(join(self.error, stamped))
+        if cfg.post_receive == "rename":
+            return Commit(self._expand(cfg.post_receive_to, when, file=c.name, directory=self.receive_dir)
+                          if cfg.post_receive_to else join(self.archive_dir, stamped))
+        if self.select is not None:
+            # delete: commit by a rename inside the select directory (decidable after a crash),
+            # delete once the result is out
+            return Commit(join(self.select, stamped), cleanup=True)
+        return Commit("")  # read in place: the delete is the commit
+
+    def reply(self, c: Candidate, node_id: str, when: datetime, op_id: str, *,
+              error: bool) -> Outbound | None:
+        if error:
+            return None
+        if self.send_pattern is None:
+            self.report(c.name, "handler returned a result but the transfer has no send_to; dropped")
+            return None
+        return self.plan(op_id, node_id, file=c.name, directory=self.receive_dir)
+
+
+#: journal and lock names of transfers; ':' cannot occur in an endpoint name, so none collide
+KEY_PREFIX = "transfer:"
