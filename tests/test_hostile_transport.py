@@ -17,15 +17,31 @@ import io
 import os
 import stat
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ftpbc.errors import NotFound, SourceGone, UnsafeEntry
+from ftpbc.config.loader import parse_config
+from ftpbc.config.servers import ServerConfig
+from ftpbc.errors import (
+    ConfigError,
+    ConnectFailed,
+    NotFound,
+    OutcomeUnknown,
+    ProtocolError,
+    SourceGone,
+    TransportTimeout,
+    UnsafeEntry,
+)
 from ftpbc.journal import Journal
 from ftpbc.journal import store as store_module
+from ftpbc.transport import open_transport
 from ftpbc.transport.local import LocalTransport
+from tests.servers.handle import ServerHandle
+from tests.servers.hostile import HostileFTPServer, RecordingProxy
 
 SECRET = b"machine partner login app password hunter2\n"
 
@@ -220,3 +236,153 @@ def test_a_fifo_in_an_inbox_blocks_neither_listing_nor_reading(
     assert result["listed"] == ["req.8"]
     assert isinstance(result.get("error"), UnsafeEntry), result
     assert "fifo" in str(result["error"])
+
+
+# --------------------------------------------------------------------------- TLS settings on ftp://
+
+
+@pytest.mark.parametrize(("url", "setting"), [
+    ("ftp://app@127.0.0.1:2121", "tls: explicit"),
+    ("ftp://app@127.0.0.1:2121", "ca_file: /etc/ftpbc/ca.pem"),
+    ("ftp://app@127.0.0.1:2121", "verify_tls: true"),
+    ("sftp://app@127.0.0.1:2222", "ca_file: /etc/ftpbc/ca.pem"),
+    ("file:///srv/exchange", "tls: implicit"),
+])
+def test_tls_settings_on_a_url_without_tls_are_refused_at_load(url: str, setting: str) -> None:
+    text = f"servers:\n  partner:\n    url: {url}\n    {setting}\nendpoints: {{}}\n"
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="ftpbc.yaml")
+    key = setting.split(":")[0]
+    message = str(err.value)
+    assert message.startswith(f"ftpbc.yaml:4: servers.partner.{key}: a TLS setting"), message
+    assert "\n" not in message
+    if url.startswith("ftp:"):
+        assert "clear text" in message and "ftps://" in message
+
+
+def test_with_tls_configured_no_login_goes_out_in_clear(pyftpdlib_ftps_server: ServerHandle) -> None:
+    server = pyftpdlib_ftps_server
+    assert server.password
+    upstream = ("127.0.0.1", int(server.url.rstrip("/").rsplit(":", 1)[1]))
+    ca_file = server.options["ca_file"]
+    with RecordingProxy(upstream) as proxy:
+        # ftps:// as configured: AUTH TLS is the very first thing sent, and nothing after it is
+        # readable on the wire (USER, PASS and the password travel inside TLS).
+        cfg = ServerConfig.from_url(f"ftps://ftpbc@127.0.0.1:{proxy.port}/", password=server.password,
+                                    ca_file=ca_file, timeout=10)
+        with open_transport(cfg) as t:
+            t.list("/")
+        wire = proxy.client_bytes()
+        assert wire.startswith(b"AUTH TLS\r\n"), wire[:40]
+        assert b"USER" not in wire and b"PASS" not in wire
+        assert server.password.encode() not in wire
+
+        # ftp:// with TLS settings (a scheme typed wrong): refused before a byte is sent, both
+        # from a configuration and from a config changed in code past validation.
+        refused = []
+        careless: list[Callable[[], ServerConfig]] = [
+            lambda: ServerConfig.from_url(f"ftp://ftpbc@127.0.0.1:{proxy.port}/", password=server.password,
+                                          tls="explicit", ca_file=ca_file, timeout=10),
+            lambda: ServerConfig.from_url(f"ftp://ftpbc@127.0.0.1:{proxy.port}/", password=server.password,
+                                          timeout=10).model_copy(update={"ca_file": ca_file}),
+        ]
+        for make in careless:
+            with proxy.lock:
+                proxy.sent.clear()
+            try:
+                with open_transport(make()) as t:
+                    t.list("/")
+            except (ConfigError, ValueError) as exc:
+                refused.append(str(exc))
+            wire = proxy.client_bytes()
+            assert b"USER" not in wire and server.password.encode() not in wire, "login sent in clear"
+        assert len(refused) == 2 and all("TLS setting" in r for r in refused), refused
+
+
+# --------------------------------------------------------------------------- hostile FTP servers
+
+
+def _attempt(op: Callable[[], Any], server: HostileFTPServer,
+             limit: float) -> tuple[BaseException | None, float]:
+    """Run ``op`` on a thread; its exception (None if it returned) and how long it took.
+
+    If it is still running after ``limit`` seconds the server is stopped (closing its sockets
+    frees the client) and the test fails: the operation was not bounded.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        started = time.monotonic()
+        try:
+            op()
+        except BaseException as exc:
+            box["error"] = exc
+        box["elapsed"] = time.monotonic() - started
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit)
+    if thread.is_alive():
+        server.stop()
+        thread.join(10)
+        pytest.fail(f"still running after {limit:g} s: the operation is not bounded")
+    return box.get("error"), box["elapsed"]
+
+
+#: allowance for scheduling on a loaded machine, on top of the bound under test
+MARGIN = 2.5
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("behaviour", ["welcome", "feat"])
+def test_a_trickled_login_fails_within_the_timeout(behaviour: str) -> None:
+    """A greeting or a FEAT reply sent a byte (a line) at a time, each well within the socket
+    timeout: connecting must still end within ``timeout``."""
+    with HostileFTPServer(behaviour, interval=0.2) as server:
+        cfg = ServerConfig.from_url(server.url, password="pw", timeout=1.0)
+        with open_transport(cfg) as t:
+            error, elapsed = _attempt(lambda: t.list("/"), server, limit=1.0 + 10)
+    assert isinstance(error, ConnectFailed), repr(error)
+    assert "timed out while connecting" in str(error)
+    assert elapsed < 1.0 + MARGIN
+
+
+@pytest.mark.timeout(60)
+def test_an_endless_multiline_reply_is_refused_at_64_kib() -> None:
+    with HostileFTPServer("feat_flood") as server:
+        cfg = ServerConfig.from_url(server.url, password="pw", timeout=5.0)
+        with open_transport(cfg) as t:
+            error, elapsed = _attempt(lambda: t.list("/"), server, limit=5.0 + 10)
+    assert isinstance(error, ProtocolError), repr(error)
+    assert "longer than 65536 bytes" in str(error)
+    assert elapsed < 5.0
+
+
+@pytest.mark.timeout(60)
+def test_a_trickled_reply_to_a_command_is_outcome_unknown_within_the_timeout() -> None:
+    with HostileFTPServer("dele", interval=0.2) as server:
+        cfg = ServerConfig.from_url(server.url, password="pw", timeout=1.0)
+        with open_transport(cfg) as t:
+            error, elapsed = _attempt(lambda: t.delete("/x"), server, limit=1.0 + 10)
+    assert isinstance(error, OutcomeUnknown), repr(error)  # DELE was sent: it may have happened
+    assert "no reply within 1 s" in str(error)
+    assert elapsed < 1.0 + MARGIN
+    assert [c for c in server.commands if c.startswith("DELE")] == ["DELE /x"]  # not repeated
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("operation", ["get", "list"])
+def test_a_trickled_transfer_fails_below_the_minimum_rate(operation: str) -> None:
+    """RETR (or LIST) data at 5 bytes/s, each byte well within the socket timeout: the transfer
+    fails once a whole window went by below min_transfer_rate."""
+    with HostileFTPServer("retr", interval=0.2) as server:
+        cfg = ServerConfig.from_url(server.url, password="pw", timeout=5.0, min_transfer_rate=1024,
+                                    min_rate_window=1.0)
+        with open_transport(cfg) as t:
+            if operation == "get":
+                error, elapsed = _attempt(lambda: t.get("/big", io.BytesIO()), server, limit=1.0 + 10)
+            else:
+                error, elapsed = _attempt(lambda: t.list("/"), server, limit=1.0 + 10)
+    assert isinstance(error, TransportTimeout), repr(error)  # a read: nothing changed on the server
+    assert "slower than 1024 bytes/s over 1 s" in str(error)
+    assert elapsed < 1.0 + MARGIN

@@ -9,6 +9,10 @@ A server is declared by a URL plus where its secret comes from::
 Secrets are never written in the URL (a URL with a password is refused, because URLs end up in
 logs).  They are read when the configuration loads, kept as :class:`pydantic.SecretStr`, and
 never appear in ``repr``, ``str``, error messages or log lines.
+
+TLS is chosen by the scheme alone: ``ftps://`` is FTPS, ``ftp://`` is clear text.  A TLS setting
+(``tls``, ``ca_file``, ``verify_tls``) on any other scheme is refused when the configuration
+loads, naming the key: on ``ftp://`` it would otherwise be ignored and the password sent in clear.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 Scheme = Literal["ftp", "ftps", "sftp", "file"]
 
 DEFAULT_PORTS: dict[str, int] = {"ftp": 21, "ftps": 21, "sftp": 22, "file": 0}
+#: settings that only mean something for ftps:// (refused on any other scheme)
+TLS_KEYS = ("tls", "ca_file", "verify_tls")
 
 
 class ServerConfig(BaseModel):
@@ -48,7 +54,14 @@ class ServerConfig(BaseModel):
     #: survives a power failure.  Off, a message still survives a killed process (the page
     #: cache outlives it), as with kombu's filesystem transport, at several times the speed.
     fsync_files: bool = True
+    #: seconds: bounds connecting plus logging in, and each command until its whole reply is in
+    #: (a deadline, not a limit per read: a server trickling its reply cannot stretch it)
     timeout: float = Field(default=30.0, gt=0)
+    #: bytes/s: a transfer (get, put, listing) slower than this over a whole ``min_rate_window``
+    #: fails with a timeout error, as curl's --speed-limit/--speed-time; 0 turns the check off
+    min_transfer_rate: int = Field(default=1024, ge=0)
+    #: seconds over which ``min_transfer_rate`` is measured
+    min_rate_window: float = Field(default=30.0, gt=0)
     pool_size: int = Field(default=4, ge=1, le=64)
 
     # Derived from url and the secret sources by the validator below; not to be set in YAML.
@@ -98,6 +111,22 @@ class ServerConfig(BaseModel):
         data["password"] = _read_secret(data, scheme)
         return data
 
+    @field_validator(*TLS_KEYS, mode="before")
+    @classmethod
+    def _tls_needs_ftps(cls, value: Any, info: ValidationInfo) -> Any:
+        url = info.data.get("url")
+        scheme = urlsplit(url).scheme.lower() if isinstance(url, str) else ""
+        if scheme and scheme != "ftps":
+            raise ValueError(tls_refusal(scheme))
+        return value
+
+    def misplaced_tls_keys(self) -> list[str]:
+        """TLS settings set on a config whose scheme is not ftps (possible only past validation,
+        e.g. through ``model_copy(update=...)``); transports refuse such a config."""
+        if self.scheme == "ftps":
+            return []
+        return [k for k in TLS_KEYS if k in self.model_fields_set]
+
     @property
     def display(self) -> str:
         """``scheme://user@host:port`` for messages and logs; never holds the password."""
@@ -119,6 +148,15 @@ class ServerConfig(BaseModel):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.display})"
+
+
+def tls_refusal(scheme: str) -> str:
+    """The one-line reason a TLS setting is refused on a ``scheme``:// server (the caller names
+    the key)."""
+    if scheme == "ftp":
+        return ("a TLS setting on an ftp:// url, which logs in and transfers in clear text; "
+                "use ftps:// (explicit AUTH TLS, or with tls: implicit) or remove the setting")
+    return f"a TLS setting, for ftps:// only; a {scheme}:// server does not use it"
 
 
 def _read_secret(data: dict[str, Any], scheme: str) -> SecretStr | None:

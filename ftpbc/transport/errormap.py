@@ -18,7 +18,10 @@ Public API (stable; the SFTP transport reuses the first three):
 * :func:`translate_os_error` - one ``OSError``/``EOFError`` (timeouts, resets, refusals, TLS) to
   a TransportError;
 * :func:`map_os_errors` - context manager applying :func:`translate_os_error`;
-* :func:`translate_ftp_reply` / :func:`map_ftp_errors` - the same plus ``ftplib``'s reply errors.
+* :func:`translate_ftp_reply` / :func:`map_ftp_errors` - the same plus ``ftplib``'s reply errors;
+* :class:`DeadlineExceeded`, :class:`ReplyTooLong` and :class:`RateGuard` - the bounds a transport
+  puts on a peer (a reply's time and size, a transfer's rate), raised as library-level errors
+  inside a mapped block so that they translate like any other timeout or protocol failure.
 
 Messages carry the server's reply text, the server display name and the path; never a password
 (no caller passes one, and FTP servers do not echo ``PASS``).
@@ -29,6 +32,7 @@ from __future__ import annotations
 import ftplib
 import socket
 import ssl
+import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
@@ -46,6 +50,52 @@ from ftpbc.errors import (
     TransportError,
     TransportTimeout,
 )
+
+
+class DeadlineExceeded(TimeoutError):
+    """One of ftpbc's own time bounds ran out (a reply not complete by its deadline, a transfer
+    slower than the minimum rate).  A TimeoutError, so it translates like a socket timeout; its
+    text says which bound, and the translated error carries it."""
+
+
+class ReplyTooLong(ftplib.error_proto):
+    """A control reply (one line, or all lines of a multi-line reply) exceeded its size limit."""
+
+
+class RateGuard:
+    """Fails a transfer slower than ``rate`` bytes/s over a whole ``window`` of seconds.
+
+    As curl's ``--speed-limit``/``--speed-time``: call :meth:`add` with each chunk's byte count
+    as it is sent or received; once ``window`` seconds have passed since the window began, the
+    bytes counted must be at least ``rate`` per second of it, or :class:`DeadlineExceeded` is
+    raised; then a new window begins.  A transfer that stalls completely is caught by the socket
+    timeout instead, which callers set to at most ``window`` (see :meth:`read_timeout`).
+    """
+
+    __slots__ = ("_bytes", "_start", "rate", "window")
+
+    def __init__(self, rate: float, window: float) -> None:
+        self.rate = rate
+        self.window = window
+        self._start = time.monotonic()
+        self._bytes = 0
+
+    def add(self, n: int) -> None:
+        self._bytes += n
+        now = time.monotonic()
+        elapsed = now - self._start
+        if elapsed < self.window:
+            return
+        if self._bytes < self.rate * elapsed:
+            raise DeadlineExceeded(
+                f"transfer slower than {self.rate:g} bytes/s over {self.window:g} s "
+                f"({self._bytes} bytes in {elapsed:.1f} s)")
+        self._start = now
+        self._bytes = 0
+
+    def read_timeout(self, timeout: float) -> float:
+        """The socket timeout for one read or write of the transfer: at most the window."""
+        return min(timeout, self.window)
 
 
 @dataclass
@@ -67,6 +117,13 @@ def translate_os_error(exc: BaseException, *, server: str, path: str = "", sent:
     ``sent``: the command had been sent; its effect is therefore unknown.
     """
     detail = _describe(exc)
+    if isinstance(exc, DeadlineExceeded):
+        if connecting:
+            return ConnectFailed(f"timed out while connecting: {exc}", server=server, path=path)
+        if sent:
+            return OutcomeUnknown(f"{exc}, after the command was sent: it may have taken effect",
+                                  server=server, path=path)
+        return TransportTimeout(f"{exc}; the operation did not take effect", server=server, path=path)
     if isinstance(exc, ssl.SSLCertVerificationError):
         return TLSFailed(f"TLS certificate verification failed: {exc.verify_message or detail}",
                          server=server, path=path)
@@ -112,6 +169,8 @@ def translate_ftp_reply(exc: ftplib.Error, *, server: str, path: str = "",
     reply = str(exc).strip()
     code = reply[:3]
     low = reply.lower()
+    if isinstance(exc, ReplyTooLong):
+        return ProtocolError(reply, server=server, path=path)
     if isinstance(exc, ftplib.error_proto | ftplib.error_reply) or not code.isdigit():
         return ProtocolError(f"unexpected reply {reply!r}", server=server, path=path)
     if code in ("530", "331", "332") and connecting:

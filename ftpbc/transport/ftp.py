@@ -21,6 +21,14 @@ sends its close_notify with Nagle on (pure-ftpd) would otherwise hold it until t
 delayed ACK, 40 ms per listing.  A ``425`` to EPSV/PASV (ProFTPD failing to bind the passive port
 it picked) is asked again up to PASSIVE_RETRIES times: no transfer command was sent yet.
 
+Bounds on the server (a hostile or broken one must not hang a node nor fill its memory):
+connecting, TLS and logging in together take at most ``timeout``, and so does each command until
+its whole reply is in (deadlines, not limits per read: a server trickling a byte a second gets
+nowhere); a reply line may hold 8 KiB, a multi-line reply MAX_REPLY (64 KiB), or the reply is a
+ProtocolError.  A transfer (get, put, listing) must move ``min_transfer_rate`` bytes/s over every
+``min_rate_window`` seconds, or it fails as a timeout (TransportTimeout for a read, OutcomeUnknown
+for a STOR, whose command went out).
+
 Retries (at most one, on a fresh connection):
 
 * any operation whose command provably did not reach the server (ConnectionLost);
@@ -50,9 +58,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import BinaryIO, TypeVar
 
-from ftpbc.config.servers import ServerConfig
+from ftpbc.config.servers import ServerConfig, tls_refusal
 from ftpbc.errors import (
     AlreadyExists,
+    ConfigError,
     ConnectionLost,
     NotFound,
     OutcomeUnknown,
@@ -60,7 +69,14 @@ from ftpbc.errors import (
     SourceGone,
 )
 from ftpbc.transport.base import Entry, Transport, normalize, stream_position
-from ftpbc.transport.errormap import Progress, map_ftp_errors, translate_ftp_reply
+from ftpbc.transport.errormap import (
+    DeadlineExceeded,
+    Progress,
+    RateGuard,
+    ReplyTooLong,
+    map_ftp_errors,
+    translate_ftp_reply,
+)
 from ftpbc.transport.pool import Pool
 
 T = TypeVar("T")
@@ -68,6 +84,13 @@ T = TypeVar("T")
 CHUNK = 256 * 1024
 #: an idle session older than this is probed with NOOP before reuse (cheaper checks always run)
 NOOP_AFTER_IDLE = 10.0
+#: bytes one control reply may take, all its lines together (FEAT and MLST replies are well under
+#: 4 KiB); one line is limited to ftplib's MAXLINE (8 KiB)
+MAX_REPLY = 64 * 1024
+#: bytes asked for per read of the control connection
+_RECV = 8192
+#: bytes handed to a TLS data socket per write while its rate is watched (one TLS record)
+_TLS_PIECE = 16 * 1024
 #: a transient 425 to EPSV/PASV is asked again this many times, after 10, 20, 40 ms
 PASSIVE_RETRIES = 3
 #: how long closing a session waits for the reply to QUIT, and for the server's close_notify
@@ -92,7 +115,114 @@ class _Session:
         return feature in self.features
 
 
-class _ImplicitFTPS(ftplib.FTP_TLS):
+class _BoundedFTP(ftplib.FTP):
+    """ftplib.FTP whose control replies are bounded in time and in size.
+
+    ftplib reads a reply line with ``file.readline``, so the socket timeout bounds each read
+    only: a server sending one byte a second keeps a reply, and a login with it, going for ever,
+    and a multi-line reply (FEAT) may grow without end.  Here the control socket is read directly:
+
+    * a reply must be complete within the socket's timeout from when its reading began (a
+      deadline, not a limit per read); while ``connect_deadline`` is set, also by that
+      (connecting, TLS and logging in, all within ``timeout``);
+    * a line may hold ``maxline`` bytes (ftplib's 8 KiB), a whole reply MAX_REPLY.
+    """
+
+    #: monotonic time by which connecting and logging in must be done (None once connected)
+    connect_deadline: float | None = None
+    _rbuf: bytearray
+    _deadline: float | None = None
+    _bound = ""
+
+    def connect(self, host: str = "", port: int = 0, timeout: float = -999,
+                source_address: tuple[str, int] | None = None) -> str:
+        self._rbuf = bytearray()
+        return super().connect(host, port, timeout, source_address)
+
+    def _left(self) -> float | None:
+        """Seconds left before ``connect_deadline`` (None when not connecting)."""
+        if self.connect_deadline is None:
+            return None
+        return max(self.connect_deadline - time.monotonic(), 0.001)
+
+    def getmultiline(self) -> str:
+        sock = self.sock
+        assert sock is not None
+        base = sock.gettimeout()
+        self._deadline = time.monotonic() + base if base is not None else None
+        self._bound = f"no reply within {base:g} s (or only part of one)"
+        if self.connect_deadline is not None and (self._deadline is None
+                                                  or self.connect_deadline < self._deadline):
+            self._deadline = self.connect_deadline
+            self._bound = f"connecting and logging in took more than {self.timeout:g} s"
+        try:
+            line = self.getline()
+            if line[3:4] == "-":
+                code = line[:3]
+                lines = [line]
+                size = len(line)
+                while True:
+                    nextline = self.getline()
+                    size += len(nextline) + 1
+                    if size > MAX_REPLY:
+                        raise ReplyTooLong(f"multi-line reply longer than {MAX_REPLY} bytes")
+                    lines.append(nextline)
+                    if nextline[:3] == code and nextline[3:4] != "-":
+                        break
+                line = "\n".join(lines)
+            return line
+        finally:
+            self._deadline = None
+            if sock.gettimeout() != base:
+                sock.settimeout(base)
+
+    def getline(self) -> str:
+        buf = self._rbuf
+        end = buf.find(b"\n")
+        while end < 0:
+            if len(buf) > self.maxline:
+                raise ReplyTooLong(f"reply line longer than {self.maxline} bytes")
+            sock = self.sock
+            assert sock is not None
+            if self._deadline is not None:
+                remaining = self._deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DeadlineExceeded(self._bound)
+                current = sock.gettimeout()
+                # settimeout is a system call: skipped when it would shorten the wait by little
+                if current is None or current - remaining > 0.05:
+                    sock.settimeout(remaining)
+            try:
+                chunk = sock.recv(_RECV)
+            except TimeoutError:
+                if self._deadline is None:
+                    raise
+                raise DeadlineExceeded(self._bound) from None  # the read waited up to the deadline
+            if not chunk:
+                raise EOFError
+            start = len(buf)
+            buf += chunk
+            end = buf.find(b"\n", start)
+        if end > self.maxline:
+            raise ReplyTooLong(f"reply line longer than {self.maxline} bytes")
+        line = bytes(buf[:end - 1 if end and buf[end - 1] == 0x0D else end])
+        del buf[:end + 1]
+        return line.decode(self.encoding, "replace")
+
+
+class _BoundedFTPS(_BoundedFTP, ftplib.FTP_TLS):
+    """Explicit FTPS (``AUTH TLS``) with bounded replies."""
+
+    def auth(self) -> str:
+        # The TLS handshake is bounded as a whole by the socket timeout (CPython's ssl module
+        # uses it as a deadline): while connecting, by what is left of the connect deadline.
+        left = self._left()
+        if left is not None and self.sock is not None:
+            self.sock.settimeout(left)
+        return str(super().auth())
+
+
+class _ImplicitFTPS(_BoundedFTPS):
     """FTP_TLS whose control connection is TLS from the first byte (port 990 style)."""
 
     def connect(self, host: str = "", port: int = 0, timeout: float = -999,
@@ -103,8 +233,12 @@ class _ImplicitFTPS(ftplib.FTP_TLS):
             self.port = port
         if timeout != -999:
             self.timeout = timeout
+        self._rbuf = bytearray()
         raw = socket.create_connection((self.host, self.port), self.timeout)
         _nodelay(raw)
+        left = self._left()
+        if left is not None:
+            raw.settimeout(left)
         self.sock = self.context.wrap_socket(raw, server_hostname=self.host)
         self.af = self.sock.family
         self.file = self.sock.makefile("r", encoding=self.encoding)
@@ -118,6 +252,11 @@ class FTPTransport(Transport):
     def __init__(self, cfg: ServerConfig) -> None:
         if cfg.scheme not in ("ftp", "ftps"):
             raise ValueError(f"FTPTransport cannot serve {cfg.display}")
+        misplaced = cfg.misplaced_tls_keys()
+        if misplaced:
+            # Never a clear-text login when TLS was asked for (the loader refuses this already;
+            # a config changed in code past validation gets here).
+            raise ConfigError(tls_refusal(cfg.scheme), key=f"servers.{cfg.name}.{misplaced[0]}")
         self.cfg = cfg
         self.server = cfg.display
         self._base = normalize(cfg.base)
@@ -167,8 +306,9 @@ class FTPTransport(Transport):
                 stream.seek(start)
             total = 0
             with self._data(s, f"STOR {remote}", path, progress) as conn:
+                guard = self._guard(conn)
                 for chunk in _chunks(stream):
-                    conn.sendall(chunk)
+                    _send_all(conn, chunk, guard)
                     total += len(chunk)
                 _unwrap(conn)
             s.ftp.voidresp()
@@ -188,11 +328,14 @@ class FTPTransport(Transport):
             total = 0
             buf, view = _buffer()
             with self._data(s, f"RETR {remote}", path, None) as conn:
+                guard = self._guard(conn)
                 while n := conn.recv_into(buf):
                     _quickack(conn)
                     stream.write(view[:n])
                     total += n
                     written[0] += n
+                    if guard is not None:
+                        guard.add(n)
                 _unwrap(conn)
             s.ftp.voidresp()
             return total
@@ -397,15 +540,32 @@ class FTPTransport(Transport):
 
     def _read_lines(self, s: _Session, command: str, path: str) -> builtins.list[str]:
         with self._data(s, command, path, None) as conn:
+            guard = self._guard(conn)
             raw = bytearray()
             buf, view = _buffer()
             while n := conn.recv_into(buf):
                 _quickack(conn)
                 raw += view[:n]
+                if guard is not None:
+                    guard.add(n)
             _unwrap(conn)
         s.ftp.voidresp()
         text = raw.decode("utf-8", errors="surrogateescape")
         return [ln for ln in text.split("\r\n" if "\r\n" in text else "\n") if ln]
+
+    def _guard(self, conn: socket.socket) -> RateGuard | None:
+        """The minimum-rate check for one transfer on ``conn``, None when it is off.
+
+        Each read or write of ``conn`` then waits at most ``min_rate_window``: a transfer that
+        stalls completely fails as soon as one that trickles does.
+        """
+        cfg = self.cfg
+        if cfg.min_transfer_rate <= 0:
+            return None
+        current = conn.gettimeout()
+        if current is None or current > cfg.min_rate_window:
+            conn.settimeout(cfg.min_rate_window)
+        return RateGuard(cfg.min_transfer_rate, cfg.min_rate_window)
 
     @contextmanager
     def _data(self, s: _Session, command: str, path: str,
@@ -469,13 +629,15 @@ class FTPTransport(Transport):
     def _connect(self, timeout: float) -> _Session:
         cfg = self.cfg
         with map_ftp_errors(self.server, connecting=True):
-            ftp: ftplib.FTP
+            ftp: _BoundedFTP
             if not self._tls:
-                ftp = ftplib.FTP(timeout=timeout)
+                ftp = _BoundedFTP(timeout=timeout)
             elif cfg.tls == "implicit":
                 ftp = _ImplicitFTPS(context=self._context, timeout=timeout)
             else:
-                ftp = ftplib.FTP_TLS(context=self._context, timeout=timeout)
+                ftp = _BoundedFTPS(context=self._context, timeout=timeout)
+            # Connecting, TLS, login and the session's setup, all within ``timeout``.
+            ftp.connect_deadline = time.monotonic() + timeout
             try:
                 ftp.connect(cfg.host, cfg.port, timeout=timeout)
                 _nodelay(ftp.sock)
@@ -491,6 +653,7 @@ class FTPTransport(Transport):
                 if session.has("UTF8"):
                     with suppress(ftplib.error_perm):
                         ftp.sendcmd("OPTS UTF8 ON")
+                ftp.connect_deadline = None
                 return session
             except BaseException:
                 ftp.close()
@@ -498,7 +661,7 @@ class FTPTransport(Transport):
 
     def _healthy(self, s: _Session, idle_for: float) -> bool:
         sock = s.ftp.sock
-        if sock is None or _has_unread(sock):
+        if sock is None or getattr(s.ftp, "_rbuf", None) or _has_unread(sock):
             return False  # closed by the server, or an unsolicited reply ("421 Timeout")
         if idle_for > NOOP_AFTER_IDLE:
             _set_timeout(s, min(self.cfg.timeout, 5.0))
@@ -556,6 +719,24 @@ def _close(s: _Session) -> None:
                 sock.unwrap()
     with suppress(Exception):
         s.ftp.close()
+
+
+def _send_all(conn: socket.socket, data: memoryview | bytes, guard: RateGuard | None) -> None:
+    """``conn.sendall(data)``, counting what goes out against ``guard``'s minimum rate.
+
+    Sent piece by piece so that the guard sees progress: one ``sendall`` of a whole chunk may
+    take long at a slow but acceptable rate, and a TLS socket writes all of what it is given
+    before returning, so it gets at most one TLS record's worth at a time.
+    """
+    if guard is None:
+        conn.sendall(data)
+        return
+    view = memoryview(data)
+    piece = _TLS_PIECE if isinstance(conn, ssl.SSLSocket) else len(view)
+    while view:
+        n = conn.send(view[:piece])
+        guard.add(n)
+        view = view[n:]
 
 
 def _unwrap(conn: socket.socket) -> None:

@@ -1,0 +1,265 @@
+"""Scripted misbehaving servers on loopback, for tests/test_hostile_transport.py.
+
+:class:`HostileFTPServer` speaks just enough FTP to get a client to the step under test, then
+misbehaves in the one way it was told to (``behaviour``):
+
+``welcome``
+    trickles its greeting ``220 ...`` one byte per ``interval``, never ending the line;
+``feat``
+    logs in normally, then answers FEAT with a multi-line reply that never ends, one line per
+    ``interval``;
+``feat_flood``
+    the same, as fast as loopback goes (a few MiB at most, then it stalls);
+``retr``
+    logs in, and sends a RETR's (or a listing's) data one byte per ``interval``, for ever;
+``dele``
+    logs in, and trickles its reply to DELE one byte per ``interval``.
+
+:class:`RecordingProxy` forwards TCP connections to another server and records what clients
+sent, to check what went over the wire in clear.
+
+Both run on threads of their own; :meth:`stop` (or leaving the ``with`` block) closes every
+socket they hold and joins every thread, which also unblocks a client stuck reading from them.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from types import TracebackType
+
+#: how much ``feat_flood`` sends before it stalls (a client without a reply limit buffers it all)
+FLOOD_LIMIT = 4 << 20
+
+
+class _Threads:
+    """Sockets and threads to close and join on stop."""
+
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+
+    def track(self, sock: socket.socket) -> socket.socket:
+        with self._lock:
+            self._sockets.append(sock)
+        if self.stopped.is_set():
+            _shut(sock)
+        return sock
+
+    def spawn(self, target: object, *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
+        with self._lock:
+            self._threads.append(thread)
+        thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        with self._lock:
+            sockets, threads = list(self._sockets), list(self._threads)
+        for sock in sockets:
+            _shut(sock)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(10)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+class HostileFTPServer:
+    def __init__(self, behaviour: str, *, interval: float = 0.25) -> None:
+        if behaviour not in ("welcome", "feat", "feat_flood", "retr", "dele"):
+            raise ValueError(f"unknown behaviour {behaviour!r}")
+        self.behaviour = behaviour
+        self.interval = interval
+        self._t = _Threads()
+        self._listener = self._t.track(socket.create_server(("127.0.0.1", 0)))
+        self.port: int = self._listener.getsockname()[1]
+        self.url = f"ftp://tester@127.0.0.1:{self.port}/"
+        #: commands received, in order (for assertions)
+        self.commands: list[str] = []
+        self._t.spawn(self._accept)
+
+    def __enter__(self) -> HostileFTPServer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._t.stop()
+
+    # ------------------------------------------------------------------ serving
+
+    def _accept(self) -> None:
+        while not self._t.stopped.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self._t.spawn(self._session, self._t.track(conn))
+
+    def _trickle(self, sock: socket.socket, data: bytes | None = None) -> None:
+        """Send ``data`` (or 'x' for ever) one byte per interval, until stopped."""
+        i = 0
+        while not self._t.stopped.wait(self.interval):
+            byte = data[i:i + 1] if data is not None else b"x"
+            if not byte:
+                return
+            try:
+                sock.sendall(byte)
+            except OSError:
+                return
+            i += 1
+
+    def _session(self, conn: socket.socket) -> None:
+        try:
+            self._converse(conn)
+        except OSError:
+            pass
+
+    def _converse(self, conn: socket.socket) -> None:
+        if self.behaviour == "welcome":
+            conn.sendall(b"220 ")
+            self._trickle(conn)
+            return
+        conn.sendall(b"220 hostile test server\r\n")
+        reader = conn.makefile("rb")
+        data_listener: socket.socket | None = None
+        while not self._t.stopped.is_set():
+            raw = reader.readline(4096)
+            if not raw:
+                return
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            self.commands.append(line)
+            verb = line.split(" ", 1)[0].upper()
+            if verb == "USER":
+                conn.sendall(b"331 password please\r\n")
+            elif verb == "PASS":
+                conn.sendall(b"230 logged in\r\n")
+            elif verb == "FEAT":
+                if self.behaviour == "feat":
+                    conn.sendall(b"211-Features:\r\n")
+                    self._endless_lines(conn, flood=False)
+                    return
+                if self.behaviour == "feat_flood":
+                    conn.sendall(b"211-Features:\r\n")
+                    self._endless_lines(conn, flood=True)
+                    return
+                conn.sendall(b"211-Features:\r\n SIZE\r\n211 End\r\n")
+            elif verb in ("TYPE", "OPTS", "NOOP"):
+                conn.sendall(b"200 ok\r\n")
+            elif verb == "PASV":
+                data_listener = self._t.track(socket.create_server(("127.0.0.1", 0)))
+                port = data_listener.getsockname()[1]
+                conn.sendall(f"227 Entering Passive Mode (127,0,0,1,{port >> 8},{port & 255})\r\n".encode())
+            elif verb in ("RETR", "LIST", "MLSD") and data_listener is not None:
+                conn.sendall(b"150 here it comes, slowly\r\n")
+                data, _ = data_listener.accept()
+                self._t.track(data)
+                self._trickle(data)
+                return
+            elif verb == "DELE" and self.behaviour == "dele":
+                self._trickle(conn, b"250 deleted, eventually" + b"." * 10_000 + b"\r\n")
+                return
+            elif verb == "CWD":
+                conn.sendall(b"250 ok\r\n")
+            elif verb == "QUIT":
+                conn.sendall(b"221 bye\r\n")
+                return
+            else:
+                conn.sendall(b"502 not implemented\r\n")
+
+    def _endless_lines(self, conn: socket.socket, *, flood: bool) -> None:
+        sent = 0
+        n = 0
+        while not self._t.stopped.is_set():
+            if flood:
+                if sent >= FLOOD_LIMIT:
+                    self._t.stopped.wait()  # stall; the test's stop ends it
+                    return
+                chunk = b"".join(f" FEATURE{n + i:09d} with a long description\r\n".encode()
+                                 for i in range(1000))
+                n += 1000
+            else:
+                if self._t.stopped.wait(self.interval):
+                    return
+                chunk = f" FEATURE{n}\r\n".encode()
+                n += 1
+            conn.sendall(chunk)
+            sent += len(chunk)
+
+
+class RecordingProxy:
+    """Forwards every connection to ``upstream`` (host, port); records the client's bytes."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self._t = _Threads()
+        self._listener = self._t.track(socket.create_server(("127.0.0.1", 0)))
+        self.port: int = self._listener.getsockname()[1]
+        self.lock = threading.Lock()
+        #: what clients sent, per connection, in order
+        self.sent: list[bytearray] = []
+        self._t.spawn(self._accept)
+
+    def __enter__(self) -> RecordingProxy:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._t.stop()
+
+    def client_bytes(self) -> bytes:
+        with self.lock:
+            return b"".join(bytes(b) for b in self.sent)
+
+    def _accept(self) -> None:
+        while not self._t.stopped.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            self._t.track(client)
+            try:
+                server = self._t.track(socket.create_connection(self.upstream, timeout=10))
+            except OSError:
+                _shut(client)
+                continue
+            server.settimeout(None)
+            record = bytearray()
+            with self.lock:
+                self.sent.append(record)
+            self._t.spawn(self._pump, client, server, record)
+            self._t.spawn(self._pump, server, client, None)
+
+    def _pump(self, src: socket.socket, dst: socket.socket, record: bytearray | None) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                try:
+                    dst.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                return
+            if record is not None:
+                with self.lock:
+                    record += data
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
