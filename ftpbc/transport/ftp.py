@@ -132,7 +132,8 @@ class _BoundedFTP(ftplib.FTP):
     connect_deadline: float | None = None
     _rbuf: bytearray
     _deadline: float | None = None
-    _bound = ""
+    #: the reply's time budget (seconds), or None when the connect deadline is the tighter bound
+    _budget: float | None = None
 
     def connect(self, host: str = "", port: int = 0, timeout: float = -999,
                 source_address: tuple[str, int] | None = None) -> str:
@@ -150,11 +151,11 @@ class _BoundedFTP(ftplib.FTP):
         assert sock is not None
         base = sock.gettimeout()
         self._deadline = time.monotonic() + base if base is not None else None
-        self._bound = f"no reply within {base:g} s (or only part of one)"
+        self._budget = base
         if self.connect_deadline is not None and (self._deadline is None
                                                   or self.connect_deadline < self._deadline):
             self._deadline = self.connect_deadline
-            self._bound = f"connecting and logging in took more than {self.timeout:g} s"
+            self._budget = None
         try:
             line = self.getline()
             if line[3:4] == "-":
@@ -176,6 +177,11 @@ class _BoundedFTP(ftplib.FTP):
             if sock.gettimeout() != base:
                 sock.settimeout(base)
 
+    def _late(self) -> DeadlineExceeded:
+        if self._budget is None:
+            return DeadlineExceeded(f"connecting and logging in took more than {self.timeout:g} s")
+        return DeadlineExceeded(f"no reply within {self._budget:g} s (or only part of one)")
+
     def getline(self) -> str:
         buf = self._rbuf
         end = buf.find(b"\n")
@@ -187,7 +193,7 @@ class _BoundedFTP(ftplib.FTP):
             if self._deadline is not None:
                 remaining = self._deadline - time.monotonic()
                 if remaining <= 0:
-                    raise DeadlineExceeded(self._bound)
+                    raise self._late()
                 current = sock.gettimeout()
                 # settimeout is a system call: skipped when it would shorten the wait by little
                 if current is None or current - remaining > 0.05:
@@ -197,7 +203,7 @@ class _BoundedFTP(ftplib.FTP):
             except TimeoutError:
                 if self._deadline is None:
                     raise
-                raise DeadlineExceeded(self._bound) from None  # the read waited up to the deadline
+                raise self._late() from None  # the read waited up to the deadline
             if not chunk:
                 raise EOFError
             start = len(buf)
