@@ -418,7 +418,34 @@ _ERROR_SUFFIX = ".error"
 _CACHE_SIZE = 16384  # decoded names kept per codec and direction
 
 
-class FtpbcCodec:
+class _DecodeCache:
+    """Decoded envelopes (immutable) by name, one dict per direction: a poll lists the same
+    backlog again and again, so most decodes are one lookup.  Emptied when full."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, dict[str, Envelope | None]] = {"in": {}, "out": {}}
+
+    def _decode(self, filename: str, direction: str) -> Envelope | None:
+        raise NotImplementedError
+
+    def _cached_decode(self, filename: str, direction: str) -> Envelope | None:
+        try:
+            cache = self._cache[direction]
+        except (KeyError, TypeError):
+            _check_direction(direction)
+            raise
+        try:
+            return cache[filename]
+        except KeyError:
+            pass
+        env = self._decode(filename, direction)
+        if len(cache) >= _CACHE_SIZE:
+            cache.clear()
+        cache[filename] = env
+        return env
+
+
+class FtpbcCodec(_DecodeCache):
     """ftpbc names: ``<base>`` plus ``;key=value`` fields for what is not a default.
 
     Grammar (``docs/naming.md``)::
@@ -462,9 +489,7 @@ class FtpbcCodec:
         self._uuid_of = uuid_of
         self._limit = limit
         self._prefix = {"request": request_prefix, "response": response_prefix, "oneway": oneway_prefix}
-        # Decoded envelopes (immutable) by name, one dict per direction: a poll lists the same
-        # backlog again and again, so most decodes are one lookup.  Emptied when full.
-        self._cache: dict[str, dict[str, Envelope | None]] = {"in": {}, "out": {}}
+        super().__init__()
 
     # Read-only: decoded names are cached, so what decides them must not change.
     @property
@@ -557,20 +582,7 @@ class FtpbcCodec:
         None when the base has none of this endpoint's prefixes for ``direction`` ("in":
         request and one-way prefixes; "out": the response prefix) or ``uuid_of`` refuses it.
         """
-        try:
-            cache = self._cache[direction]
-        except (KeyError, TypeError):
-            _check_direction(direction)
-            raise
-        try:
-            return cache[filename]
-        except KeyError:
-            pass
-        env = self._decode(filename, direction)
-        if len(cache) >= _CACHE_SIZE:
-            cache.clear()
-        cache[filename] = env
-        return env
+        return self._cached_decode(filename, direction)
 
     def _decode(self, filename: str, direction: str) -> Envelope | None:
         semi = filename.find(";")
@@ -687,7 +699,7 @@ def _dpct(text: str) -> str:
     return _pct(text).replace(".", "%2E")
 
 
-class DropboxmqCodec:
+class DropboxmqCodec(_DecodeCache):
     """DropboxMQ's default file names (see ``docs/naming.md``).
 
     The name is built from the headers and properties alone: ``encode`` ignores ``base``, and a
@@ -702,7 +714,7 @@ class DropboxmqCodec:
         if type(limit) is not int or limit < 1:
             raise ValueError(f"limit must be a positive int, got {limit!r}")
         self._limit = limit
-        self._cache: dict[str, dict[str, Envelope | None]] = {"in": {}, "out": {}}  # as FtpbcCodec's
+        super().__init__()
 
     @property
     def limit(self) -> int:
@@ -779,20 +791,7 @@ class DropboxmqCodec:
         A name that does not look like DropboxMQ's (fewer than three fields, or a first field
         that is not an integer) is a message whose id is the whole name, with default headers.
         """
-        try:
-            cache = self._cache[direction]
-        except (KeyError, TypeError):
-            _check_direction(direction)
-            raise
-        try:
-            return cache[filename]
-        except KeyError:
-            pass
-        env = self._decode(filename, direction)
-        if len(cache) >= _CACHE_SIZE:
-            cache.clear()
-        cache[filename] = env
-        return env
+        return self._cached_decode(filename, direction)
 
     def _decode(self, filename: str, direction: str) -> Envelope | None:
         if filename in ("", ".", ".."):
