@@ -282,3 +282,66 @@ def test_odd_names_are_skipped_and_never_stop_the_good_files(
         assert len(lines) == 1, (name, [r.getMessage() for r in lines])
     assert sorted(seen_in.bodies) == [f"good {i}".encode() for i in range(5)]
 
+
+
+# --------------------------------------------------------------------------- settings that work
+
+
+def test_protect_moves_an_existing_target_aside_before_the_response_takes_its_name(
+        pyftpdlib_server: ServerHandle, tmp_path: Path, node_and_client: list[Any]) -> None:
+    """``protect: true``: a file already at the response's name (left by a partner) is moved to
+    outprotect as <name>~<node>~<stamp> before the new response is exposed, not overwritten."""
+    handle = pyftpdlib_server
+    base = handle.fresh_dir()
+    repo = f"{base}/ep"
+    endpoints = {"ep": {"repository": repo, **FAST, "protect": True}}
+    client = Client(in_process_config(handle, tmp_path, "cli", endpoints))
+    node_and_client.append(client)
+    uid = client.submit("ep", b"new")
+    (handle.local(repo) / "outbox" / f"resp.{uid}").write_bytes(b"stale")
+    seen = Seen()
+    node = Node(in_process_config(handle, tmp_path, "prov", endpoints), handlers={"ep": seen.handler})
+    node_and_client.append(node)
+    node.start()
+    protected = handle.local(repo) / "outprotect"
+    wait_until(lambda: any(protected.iterdir()), timeout=20, what="the stale file moved aside")
+    [aside] = list(protected.iterdir())
+    assert aside.name.startswith(f"resp.{uid}~prov~") and aside.read_bytes() == b"stale"
+    assert client.collect("ep", uid, timeout=20) == b"new"
+
+
+def test_unreadable_response_goes_to_outerror_after_max_deliveries(
+        vsftpd_server: ServerHandle, tmp_path: Path, node_and_client: list[Any]) -> None:
+    """A response the client cannot read (a 0600 file vsftpd's user may not open) is tried
+    max_deliveries times, then filed in outerror with its reason; the caller times out."""
+    handle = vsftpd_server
+    base = handle.fresh_dir()
+    repo = f"{base}/ep"
+    endpoints = {"ep": {"repository": repo, **FAST, "max_deliveries": 3, "redelivery_delay": 0.05}}
+    client = Client(in_process_config(handle, tmp_path, "cli", endpoints))
+    node_and_client.append(client)
+    uid = client.submit("ep", b"q")
+    fd = os.open(handle.local(repo) / "outbox" / f"resp.{uid}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, b"unreadable")
+    os.close(fd)
+    from ftpbc.errors import RequestTimeout
+
+    with pytest.raises(RequestTimeout):
+        client.collect("ep", uid, timeout=3)
+    outerror = handle.local(repo) / "outerror"
+    wait_until(lambda: len(list(outerror.iterdir())) == 2, timeout=10, what="the response in outerror")
+    reason = next(p for p in outerror.iterdir() if p.name.endswith(".reason")).read_text()
+    assert "delivery 3 of 3 failed" in reason
+    assert not list((handle.local(repo) / "outbox").iterdir())
+
+
+def test_a_name_over_the_limit_is_refused_at_send_naming_the_limit(
+        pyftpdlib_server: ServerHandle, tmp_path: Path, node_and_client: list[Any]) -> None:
+    from ftpbc.exchange.envelope import NameTooLong
+
+    base = pyftpdlib_server.fresh_dir()
+    endpoints = {"ep": {"repository": f"{base}/ep", **FAST}}
+    client = Client(in_process_config(pyftpdlib_server, tmp_path, "cli", endpoints))
+    node_and_client.append(client)
+    with pytest.raises(NameTooLong, match=r"over the limit of \d+ bytes; made long by properties"):
+        client.runtime.new_message("ep", "oneway", properties={"note": "x" * 300})

@@ -38,6 +38,7 @@ from ftpbc.exchange.envelope import (
     Envelope,
     Headers,
     NameCodec,
+    NameTooLong,
     PropertyValue,
     UnusableName,
     codec_for,
@@ -234,6 +235,14 @@ class Layout(ABC):
         log.warning("%s: %r: %s", self.display, name, why)
 
     # ------------------------------------------------------------------ paths
+
+    def check_sendable(self, name: str, base: str) -> None:
+        """NameTooLong (naming the limit and what made it long) for a name this layout could
+        not take through its lifecycle."""
+        length = len(name.encode("utf-8"))
+        if length + self.reserve > NAME_LIMIT:
+            sizes = {"message_name": len(base.encode("utf-8")), "header fields": length - len(base)}
+            raise NameTooLong(NAME_LIMIT - self.reserve, length, sizes)
 
     def check_usable(self, name: str) -> None:
         """Raise UnsafeNameError or UnusableName if ``name`` cannot go through the lifecycle: not

@@ -137,8 +137,8 @@ class Lifecycle:
         self._lock = threading.Lock()
         #: name -> monotonic time before which this node does not claim it again
         self._held: dict[str, float] = {}
-        #: deliveries of files read in place (their names cannot carry a count)
-        self._in_place_deliveries: dict[str, int] = {}
+        #: deliveries of files whose names cannot carry a count (read in place, responses)
+        self._local_deliveries: dict[str, int] = {}
 
     @property
     def name(self) -> str:
@@ -338,18 +338,21 @@ class Lifecycle:
         layout = self.layout
         in_place = claimed.path == layout.box_path(claimed.name)
         with self._lock:
-            if in_place:
-                count = self._in_place_deliveries.get(claimed.name, 0) + 1
-                self._in_place_deliveries[claimed.name] = count
-            else:
-                count = claimed.candidate.envelope.headers.delivery_count + 1
+            count = max(claimed.candidate.envelope.headers.delivery_count,
+                        self._local_deliveries.get(claimed.name, 0)) + 1
         if count >= self.max_deliveries:
             with self._lock:
-                self._in_place_deliveries.pop(claimed.name, None)
+                self._local_deliveries.pop(claimed.name, None)
             return self.file_error(claimed, f"delivery {count} of {self.max_deliveries} failed: {reason}")
-        name = claimed.name
+        name = claimed.name if in_place else layout.with_delivery_count(claimed.candidate, count)
+        if name == claimed.name:
+            # The name cannot carry the count (read in place, a response, a foreign name): this
+            # node keeps it, so the file still ends in the error directory, if later.
+            with self._lock:
+                if len(self._local_deliveries) >= MAX_HELD:
+                    self._local_deliveries.clear()
+                self._local_deliveries[name] = count
         if not in_place:
-            name = layout.with_delivery_count(claimed.candidate, count)
             try:
                 self.transport.rename(claimed.path, layout.box_path(name))
             except SourceGone:

@@ -105,10 +105,13 @@ class Runtime:
             assert expansion.uuid is not None  # message_name is validated to contain %u
             base, uid = prefix + expansion.name, expansion.uuid
         if ep.naming == "ftpbc" and priority is None and not properties:
-            return base, uid  # all defaults: the plain name
-        headers = Headers(id=uid, kind=kind, priority=4 if priority is None else priority,
-                          reply_to=endpoint if kind == "request" and ep.naming != "ftpbc" else None)
-        return layout.name_for(headers, properties, base), uid
+            name = base  # all defaults: the plain name
+        else:
+            headers = Headers(id=uid, kind=kind, priority=4 if priority is None else priority,
+                              reply_to=endpoint if kind == "request" and ep.naming != "ftpbc" else None)
+            name = layout.name_for(headers, properties, base)
+        layout.check_sendable(name, base)
+        return name, uid
 
     def recover(self, *, orphans: bool = True) -> list[Action]:
         """Replay this node's journal; endpoints and transfers no longer configured are
