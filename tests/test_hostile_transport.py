@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import paramiko
 import pytest
 
 from ftpbc.config.loader import parse_config
@@ -41,7 +42,7 @@ from ftpbc.journal import store as store_module
 from ftpbc.transport import open_transport
 from ftpbc.transport.local import LocalTransport
 from tests.servers.handle import ServerHandle
-from tests.servers.hostile import HostileFTPServer, RecordingProxy
+from tests.servers.hostile import HostileFTPServer, HostileSFTPServer, RecordingProxy
 
 SECRET = b"machine partner login app password hunter2\n"
 
@@ -386,3 +387,54 @@ def test_a_trickled_transfer_fails_below_the_minimum_rate(operation: str) -> Non
     assert isinstance(error, TransportTimeout), repr(error)  # a read: nothing changed on the server
     assert "slower than 1024 bytes/s over 1 s" in str(error)
     assert elapsed < 1.0 + MARGIN
+
+
+# --------------------------------------------------------------------------- hostile SFTP servers
+
+
+@pytest.fixture(scope="module")
+def host_key() -> paramiko.PKey:
+    return paramiko.ECDSAKey.generate()
+
+
+def _sftp_config(server: HostileSFTPServer, tmp_path: Path, **options: Any) -> ServerConfig:
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(server.known_hosts_line())
+    return ServerConfig.from_url(server.url, password="pw", known_hosts=known_hosts, **options)
+
+
+class _Sink(io.RawIOBase):
+    """A stream that cannot be rewound (so a failed get is not repeated)."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        return len(data)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("behaviour", ["subsystem", "version"])
+def test_an_sftp_server_stalling_after_login_fails_the_connect_within_the_timeout(
+        behaviour: str, host_key: paramiko.PKey, tmp_path: Path) -> None:
+    """No answer to the subsystem request (paramiko waits for it without a limit), or the SFTP
+    version packet trickled a byte at a time: connecting still ends within ``timeout``."""
+    with HostileSFTPServer(behaviour, host_key, interval=0.2) as server:
+        cfg = _sftp_config(server, tmp_path, timeout=2.0)
+        with open_transport(cfg) as t:
+            error, elapsed = _attempt(lambda: t.list("/"), server, limit=2.0 + 10)
+    assert isinstance(error, ConnectFailed), repr(error)
+    assert "timed out while connecting" in str(error)
+    assert elapsed < 2.0 + MARGIN
+
+
+@pytest.mark.timeout(60)
+def test_a_trickled_sftp_read_fails_below_the_minimum_rate(host_key: paramiko.PKey,
+                                                           tmp_path: Path) -> None:
+    with HostileSFTPServer("read", host_key, interval=0.2) as server:
+        cfg = _sftp_config(server, tmp_path, timeout=5.0, min_transfer_rate=1024, min_rate_window=1.0)
+        with open_transport(cfg) as t:
+            error, elapsed = _attempt(lambda: t.get("/big", _Sink()), server, limit=5.0 + 10)
+    assert isinstance(error, OutcomeUnknown | TransportTimeout), repr(error)
+    assert "slower than 1024 bytes/s over 1 s" in str(error)
+    assert elapsed < 1.0 + 2.0 + MARGIN  # the window, after connecting (the ssh handshake)

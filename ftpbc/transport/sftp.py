@@ -32,6 +32,15 @@ Guarantees
       the server had closed) is retried once on a fresh connection; so is one whose repetition
       is harmless (list, stat, mkdir, put/get with a seekable stream) after OutcomeUnknown.
 
+Bounds on the server (a hostile or broken one must not hang a node)
+    Connecting (TCP, SSH negotiation, host key, login, the SFTP channel and its version
+    exchange) takes at most ``timeout`` as a whole: a watchdog closes the connection when it runs
+    out, which ends whichever step paramiko is waiting in (some, like opening the subsystem, wait
+    without a limit of their own).  Each reply packet must be complete within ``timeout`` of
+    starting to read it (a deadline, not a limit per read).  During a transfer the replies are
+    bounded instead by ``min_transfer_rate`` over ``min_rate_window`` (curl's --speed-limit and
+    --speed-time), counted on the bytes that go through the channel either way.
+
 Not guaranteed: SFTP has no file locking, and ``put`` is not atomic (stage, then rename).
 """
 
@@ -44,6 +53,7 @@ import posixpath
 import socket
 import stat as statmod
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,7 +101,7 @@ from ftpbc.errors import (
     TransportError,
 )
 from ftpbc.transport.base import Entry, Transport, normalize, stream_position
-from ftpbc.transport.errormap import Progress, translate_os_error
+from ftpbc.transport.errormap import DeadlineExceeded, Progress, RateGuard, translate_os_error
 from ftpbc.transport.pool import Pool
 
 T = TypeVar("T")
@@ -108,6 +118,8 @@ POSIX_RENAME = "posix-rename@openssh.com"
 
 _SFTP_VERSION = 3
 _WRITE_FLAGS = SFTP_FLAG_WRITE | SFTP_FLAG_CREATE | SFTP_FLAG_TRUNC
+#: failures after which the session is broken (the pool drops it): nothing more is asked of it
+_BROKEN = (TimeoutError, EOFError, ConnectionError, paramiko.SSHException)
 _known_hosts_lock = threading.Lock()
 
 
@@ -131,13 +143,76 @@ class _Client(paramiko.SFTPClient):
     * the extensions the server announced in its VERSION packet (to know about posix-rename);
     * ``progress.sent``: set once a request's bytes were handed to the channel, which is what
       separates "not done" from "outcome unknown" when the reply never comes;
-    * status replies as :class:`_Status` carrying the numeric code instead of text only.
+    * status replies as :class:`_Status` carrying the numeric code instead of text only;
+    * bounds on the server: each reply packet complete within ``limit`` seconds of starting to
+      read it, or, while ``guard`` is set (a transfer), the guard's minimum rate.
     """
 
-    def __init__(self, chan: paramiko.Channel) -> None:
+    def __init__(self, chan: paramiko.Channel, limit: float) -> None:
         self.extensions: dict[str, bytes] = {}
         self.progress = Progress()
+        #: seconds a reply packet may take (the operation's timeout)
+        self.limit = limit
+        #: the minimum-rate check of the transfer under way, if any
+        self.guard: RateGuard | None = None
+        self._deadline: float | None = None
         super().__init__(chan)
+
+    def _read_packet(self) -> tuple[int, bytes]:
+        self._deadline = time.monotonic() + self.limit if self.guard is None else None
+        try:
+            return super()._read_packet()  # type: ignore[misc,no-any-return]  # private, not in stubs
+        finally:
+            self._deadline = None
+
+    def _read_all(self, n: int) -> bytes:
+        """paramiko's, with the reply deadline (or the transfer's rate) enforced between reads."""
+        chan = self.sock
+        out = b""
+        while n > 0:
+            guard, deadline = self.guard, self._deadline
+            if guard is not None:
+                wait = guard.read_timeout(self.limit)
+            elif deadline is not None:
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    raise self._late()
+            else:
+                wait = self.limit
+            if chan.gettimeout() != wait:
+                chan.settimeout(wait)
+            try:
+                x = chan.recv(n)
+            except TimeoutError:
+                if guard is None and deadline is not None:
+                    raise self._late() from None
+                raise
+            if not x:
+                raise EOFError()
+            if guard is not None:
+                guard.add(len(x))
+            out += x
+            n -= len(x)
+        return out
+
+    def _write_all(self, out: bytes) -> None:
+        guard = self.guard
+        if guard is None:
+            super()._write_all(out)  # type: ignore[misc]  # private, not in the stubs
+            return
+        chan = self.sock
+        wait = guard.read_timeout(self.limit)
+        if chan.gettimeout() != wait:
+            chan.settimeout(wait)
+        while out:
+            n = chan.send(out)
+            if n <= 0:
+                raise EOFError()
+            guard.add(n)
+            out = out[n:]
+
+    def _late(self) -> DeadlineExceeded:
+        return DeadlineExceeded(f"no reply within {self.limit:g} s (or only part of one)")
 
     def _send_version(self) -> int:
         msg = Message()
@@ -200,6 +275,7 @@ class _PipelinedWriter(_Replies):
         pending: deque[int] = deque()
         offset = 0
         failure: _Status | None = None
+        broken = False
         try:
             while failure is None and (chunk := stream.read(CHUNK)):
                 view = memoryview(chunk)
@@ -211,11 +287,15 @@ class _PipelinedWriter(_Replies):
                     piece = bytes(view[start:start + REQUEST_SIZE])
                     pending.append(self._send(CMD_WRITE, int64(offset), piece))
                     offset += len(piece)
+        except _BROKEN:
+            broken = True  # the session is dropped: waiting for the other replies would only add time
+            raise
         finally:
             # Also when the stream raised: the handle must be closed for the session to be reused.
-            pending.append(self._send(CMD_CLOSE))
-            for num in pending:
-                failure = self._check(num) or failure
+            if not broken:
+                pending.append(self._send(CMD_CLOSE))
+                for num in pending:
+                    failure = self._check(num) or failure
         if failure is not None:
             raise failure
         return offset
@@ -406,8 +486,42 @@ def _authenticate(cfg: ServerConfig, t: paramiko.Transport) -> None:
     raise AuthenticationFailed(f"login as {cfg.user!r} failed: {'; '.join(reasons)}", server=cfg.display)
 
 
+class _Watchdog:
+    """Closes an SSH transport not connected and logged in within ``seconds``.
+
+    paramiko bounds some steps of a connect and not others (opening the SFTP subsystem waits
+    for the server's answer without a limit): closing the transport ends every wait at once.
+    """
+
+    def __init__(self, t: paramiko.Transport, seconds: float) -> None:
+        self._t = t
+        self._lock = threading.Lock()
+        self._done = False
+        #: the deadline passed and the transport was closed
+        self.fired = False
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.fired = True
+        self._t.close()
+
+    def disarm(self) -> bool:
+        """Stop watching; False if the deadline had passed (the transport is closed)."""
+        self._timer.cancel()
+        with self._lock:
+            self._done = True
+            return not self.fired
+
+
 def _connect(cfg: ServerConfig, timeout: float) -> _Session:
-    """Open one SSH connection, verify the host key, log in and start the SFTP channel."""
+    """Open one SSH connection, verify the host key, log in and start the SFTP channel, all
+    within ``timeout``."""
+    deadline = time.monotonic() + timeout
     known = _load_known(cfg)
     try:
         sock = socket.create_connection((cfg.host, cfg.port), timeout=timeout)
@@ -415,6 +529,7 @@ def _connect(cfg: ServerConfig, timeout: float) -> _Session:
         raise translate_os_error(exc, server=cfg.display, connecting=True) from exc
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     t = paramiko.Transport(sock)
+    watchdog = _Watchdog(t, max(deadline - time.monotonic(), 0.001))
     try:
         t.banner_timeout = t.handshake_timeout = t.auth_timeout = timeout
         _prefer_known_key_types(t, known)
@@ -424,10 +539,19 @@ def _connect(cfg: ServerConfig, timeout: float) -> _Session:
         chan = t.open_session(timeout=timeout)
         chan.settimeout(timeout)
         chan.invoke_subsystem("sftp")
-        return _Session(t, _Client(chan))
+        client = _Client(chan, timeout)
+        if not watchdog.disarm():
+            raise EOFError("closed at the connect deadline")
+        return _Session(t, client)
     except BaseException as exc:
+        watchdog.disarm()
         t.close()
         sock.close()
+        if watchdog.fired and not isinstance(exc, ConfigError):
+            # Whatever the step reported (a closed channel, a refused login...), the cause is
+            # the connection closed at the deadline.
+            raise ConnectFailed(f"timed out while connecting: connecting and logging in took more "
+                                f"than {timeout:g} s", server=cfg.display) from exc
         if isinstance(exc, TransportError | ConfigError):
             raise
         if isinstance(exc, OSError | EOFError):
@@ -443,6 +567,7 @@ def _healthy(session: _Session, idle_for: float) -> bool:
     if idle_for > PROBE_AFTER:
         # A firewall may have dropped a long-idle connection without either end noticing.
         session.sftp.sock.settimeout(5.0)
+        session.sftp.limit = 5.0
         session.sftp.normalize(".")
     return True
 
@@ -477,6 +602,12 @@ class SFTPTransport(Transport):
     def _remote(self, path: str) -> str:
         return self._base + normalize(path) if self._base else normalize(path)
 
+    def _guard(self) -> RateGuard | None:
+        """The minimum-rate check for one transfer, None when it is off."""
+        if self.cfg.min_transfer_rate <= 0:
+            return None
+        return RateGuard(self.cfg.min_transfer_rate, self.cfg.min_rate_window)
+
     def _mapped(self, path: str, progress: Progress) -> _Mapped:
         return _Mapped(self.server, path, progress)
 
@@ -495,6 +626,7 @@ class SFTPTransport(Transport):
                 with self._pool.session(limit) as s:
                     client = s.sftp
                     client.progress.sent = False
+                    client.limit = limit
                     if client.sock.gettimeout() != limit:  # settimeout is a system call
                         client.sock.settimeout(limit)
                     with self._mapped(path, client.progress):
@@ -532,10 +664,13 @@ class SFTPTransport(Transport):
             if kind != CMD_HANDLE:
                 raise SFTPError(f"expected a HANDLE reply to OPEN, got packet type {kind}")
             handle = msg.get_binary()
+            c.guard = self._guard()
             try:
                 return _PipelinedWriter(c, handle).write_and_close(stream)
             except _Status as exc:
                 raise _status_error(exc, server=self.server, path=path, prefix="write failed: ") from None
+            finally:
+                c.guard = None
 
         start = stream_position(stream)
 
@@ -552,7 +687,14 @@ class SFTPTransport(Transport):
         def op(c: _Client) -> int:
             with c.open(remote, "rb") as fh:
                 size = fh.stat().st_size or 0
-                return _PipelinedReader(c, cast(bytes, fh.handle)).copy(size, stream)
+                c.guard = self._guard()
+                try:
+                    return _PipelinedReader(c, cast(bytes, fh.handle)).copy(size, stream)
+                except _BROKEN:
+                    fh._closed = True  # type: ignore[attr-defined]  # the session is dropped: no CLOSE
+                    raise
+                finally:
+                    c.guard = None
 
         start = stream_position(stream)
 

@@ -15,6 +15,16 @@ misbehaves in the one way it was told to (``behaviour``):
 ``dele``
     logs in, and trickles its reply to DELE one byte per ``interval``.
 
+:class:`HostileSFTPServer` (SSH by paramiko in server mode, SFTP packets by hand) lets a client
+log in with any password, then:
+
+``subsystem``
+    never answers the request to start the SFTP subsystem;
+``version``
+    starts it, and trickles its SFTP VERSION packet one byte per ``interval``;
+``read``
+    serves a 1 MiB file whose READ replies trickle one byte per ``interval``.
+
 :class:`RecordingProxy` forwards TCP connections to another server and records what clients
 sent, to check what went over the wire in clear.
 
@@ -25,8 +35,11 @@ socket they hold and joins every thread, which also unblocks a client stuck read
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 from types import TracebackType
+
+import paramiko
 
 #: how much ``feat_flood`` sends before it stalls (a client without a reply limit buffers it all)
 FLOOD_LIMIT = 4 << 20
@@ -40,6 +53,7 @@ class _Threads:
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
+        self._transports: list[paramiko.Transport] = []
 
     def track(self, sock: socket.socket) -> socket.socket:
         with self._lock:
@@ -47,6 +61,12 @@ class _Threads:
         if self.stopped.is_set():
             _shut(sock)
         return sock
+
+    def track_transport(self, t: paramiko.Transport) -> None:
+        with self._lock:
+            self._transports.append(t)
+        if self.stopped.is_set():
+            t.close()
 
     def spawn(self, target: object, *args: object) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
@@ -58,6 +78,9 @@ class _Threads:
         self.stopped.set()
         with self._lock:
             sockets, threads = list(self._sockets), list(self._threads)
+            transports = list(self._transports)
+        for t in transports:
+            t.close()
         for sock in sockets:
             _shut(sock)
         for thread in threads:
@@ -263,3 +286,132 @@ class RecordingProxy:
                 dst.sendall(data)
             except OSError:
                 return
+
+
+# --------------------------------------------------------------------------- SFTP
+
+_INIT, _VERSION, _OPEN, _CLOSE, _READ, _FSTAT = 1, 2, 3, 4, 5, 8
+_STATUS, _HANDLE, _DATA, _ATTRS = 101, 102, 103, 105
+#: the size the ``read`` behaviour announces for any file
+SFTP_FILE_SIZE = 1 << 20
+
+
+def _packet(kind: int, payload: bytes) -> bytes:
+    return struct.pack(">IB", len(payload) + 1, kind) + payload
+
+
+def _string(data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + data
+
+
+class _Interface(paramiko.ServerInterface):
+    def __init__(self, server: HostileSFTPServer) -> None:
+        self.server = server
+
+    def get_allowed_auths(self, username: str) -> str:
+        return "password"
+
+    def check_auth_password(self, username: str, password: str) -> int:
+        return paramiko.AUTH_SUCCESSFUL
+
+    def check_channel_request(self, kind: str, chanid: int) -> int:
+        if kind == "session":
+            return paramiko.OPEN_SUCCEEDED
+        return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+
+    def check_channel_subsystem_request(self, channel: paramiko.Channel, name: str) -> bool:
+        if self.server.behaviour == "subsystem":
+            self.server.stopped.wait()  # no answer until the test stops the server
+            return False
+        return name == "sftp"
+
+
+class HostileSFTPServer:
+    def __init__(self, behaviour: str, host_key: paramiko.PKey, *, interval: float = 0.25) -> None:
+        if behaviour not in ("subsystem", "version", "read"):
+            raise ValueError(f"unknown behaviour {behaviour!r}")
+        self.behaviour = behaviour
+        self.host_key = host_key
+        self.interval = interval
+        self._t = _Threads()
+        self.stopped = self._t.stopped
+        self._listener = self._t.track(socket.create_server(("127.0.0.1", 0)))
+        self.port: int = self._listener.getsockname()[1]
+        self.url = f"sftp://tester@127.0.0.1:{self.port}/"
+        self._t.spawn(self._accept)
+
+    def known_hosts_line(self) -> str:
+        return f"[127.0.0.1]:{self.port} {self.host_key.get_name()} {self.host_key.get_base64()}\n"
+
+    def __enter__(self) -> HostileSFTPServer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._t.stop()
+
+    def _accept(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self._t.spawn(self._session, self._t.track(conn))
+
+    def _session(self, conn: socket.socket) -> None:
+        t = paramiko.Transport(conn)
+        self._t.track_transport(t)
+        try:
+            t.add_server_key(self.host_key)
+            t.start_server(server=_Interface(self))
+            chan = None
+            while chan is None and t.is_active() and not self.stopped.is_set():
+                chan = t.accept(0.2)
+            if chan is not None:
+                self._sftp(chan)
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+        finally:
+            t.close()
+
+    def _recv(self, chan: paramiko.Channel, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = chan.recv(n - len(out))
+            if not chunk:
+                raise EOFError
+            out += chunk
+        return out
+
+    def _trickle(self, chan: paramiko.Channel, data: bytes) -> None:
+        for i in range(len(data)):
+            if self.stopped.wait(self.interval):
+                return
+            chan.sendall(data[i:i + 1])
+
+    def _sftp(self, chan: paramiko.Channel) -> None:
+        while not self.stopped.is_set():
+            length, kind = struct.unpack(">IB", self._recv(chan, 5))
+            body = self._recv(chan, length - 1)
+            if kind == _INIT:
+                if self.behaviour == "version":
+                    # with an extension, so that the packet takes minutes at this pace
+                    self._trickle(chan, _packet(_VERSION, struct.pack(">I", 3) + _string(b"x@hostile")
+                                                + _string(b"y" * 1000)))
+                    return
+                chan.sendall(_packet(_VERSION, struct.pack(">I", 3)))
+                continue
+            rid = body[:4]
+            if kind == _OPEN:
+                chan.sendall(_packet(_HANDLE, rid + _string(b"h")))
+            elif kind == _FSTAT:
+                chan.sendall(_packet(_ATTRS, rid + struct.pack(">IQ", 1, SFTP_FILE_SIZE)))
+            elif kind == _READ:
+                (length,) = struct.unpack(">I", body[-4:])
+                self._trickle(chan, _packet(_DATA, rid + _string(b"x" * length)))
+                return
+            else:  # CLOSE and anything else: OK
+                chan.sendall(_packet(_STATUS, rid + struct.pack(">I", 0) + _string(b"") + _string(b"")))
