@@ -9,19 +9,34 @@ hosts must keep their clocks within a small fraction of the lease (NTP).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+log = logging.getLogger("ftpbc.heartbeat")
 
 
 class Heartbeat:
-    def __init__(self, state_dir: Path, node_id: str, interval: float) -> None:
+    """Rewrites this node's heartbeat every ``interval`` while ``health()`` says all is well.
+
+    ``health`` returns None while the node's loops make progress, else the reason (see
+    :class:`~ftpbc.cluster.liveness.Liveness`): the heartbeat then stops, so that other nodes
+    take this node's work over after the lease, and starts again once the loops recover.
+    """
+
+    def __init__(self, state_dir: Path, node_id: str, interval: float, *,
+                 health: Callable[[], str | None] | None = None) -> None:
         self.dir = Path(state_dir) / "heartbeats"
         self.path = self.dir / node_id
         self.interval = interval
+        self.health = health
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._held: str | None = None
+        self._failing: str | None = None
 
     def beat(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -37,9 +52,28 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                self.beat()
-            except OSError:
-                pass  # the next beat retries; a node that cannot beat for a lease looks dead
+                self._beat_if_healthy()
+            except Exception as exc:  # never dies: the next interval tries again
+                if str(exc) != self._failing:
+                    log.warning("heartbeat %s: cannot write it: %s: %s (other nodes will take this "
+                                "node's work over after the lease)", self.path, type(exc).__name__, exc)
+                self._failing = str(exc)
+
+    def _beat_if_healthy(self) -> None:
+        why = self.health() if self.health is not None else None
+        if why is not None:
+            if why.split(" made no progress", 1)[0] != (self._held or "").split(" made no progress", 1)[0]:
+                log.error("heartbeat stopped: %s; other nodes will take this node's work over after "
+                          "the lease", why)
+            self._held = why
+            return
+        if self._held is not None:
+            log.warning("heartbeat resumed: every loop makes progress again")
+            self._held = None
+        self.beat()
+        if self._failing is not None:
+            log.warning("heartbeat %s: written again", self.path)
+            self._failing = None
 
     def stop(self, *, remove: bool = True) -> None:
         self._stop.set()
