@@ -43,6 +43,7 @@ from ftpbc.transport import open_transport
 from ftpbc.transport.local import LocalTransport
 from tests.servers.handle import ServerHandle
 from tests.servers.hostile import HostileFTPServer, HostileSFTPServer, RecordingProxy
+from tests.servers.pyftpd import TLSMaterial
 
 SECRET = b"machine partner login app password hunter2\n"
 
@@ -438,3 +439,17 @@ def test_a_trickled_sftp_read_fails_below_the_minimum_rate(host_key: paramiko.PK
     assert isinstance(error, OutcomeUnknown | TransportTimeout), repr(error)
     assert "slower than 1024 bytes/s over 1 s" in str(error)
     assert elapsed < 1.0 + 2.0 + MARGIN  # the window, after connecting (the ssh handshake)
+
+
+@pytest.mark.timeout(60)
+def test_clear_text_sent_after_the_auth_tls_reply_is_refused(tls_material: TLSMaterial) -> None:
+    """A man in the middle appends "230 logged in" to the server's 234: read later, it would pass
+    for a reply that came through TLS, and the login would skip PASS."""
+    with HostileFTPServer("auth_inject", tls=(tls_material.cert_file, tls_material.key_file)) as server:
+        cfg = ServerConfig.from_url(server.url.replace("ftp://", "ftps://"), password="pw",
+                                    ca_file=tls_material.ca_file, timeout=5.0)
+        with open_transport(cfg) as t:
+            error, _ = _attempt(lambda: t.list("/"), server, limit=5.0 + 10)
+    assert isinstance(error, ProtocolError), repr(error)
+    assert "after its reply to AUTH TLS" in str(error)
+    assert server.commands == ["AUTH TLS"]

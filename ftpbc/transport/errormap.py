@@ -19,7 +19,7 @@ Public API (stable; the SFTP transport reuses the first three):
   a TransportError;
 * :func:`map_os_errors` - context manager applying :func:`translate_os_error`;
 * :func:`translate_ftp_reply` / :func:`map_ftp_errors` - the same plus ``ftplib``'s reply errors;
-* :class:`DeadlineExceeded`, :class:`ReplyTooLong` and :class:`RateGuard` - the bounds a transport
+* :class:`DeadlineExceeded`, :class:`BadReply` and :class:`RateGuard` - the bounds a transport
   puts on a peer (a reply's time and size, a transfer's rate), raised as library-level errors
   inside a mapped block so that they translate like any other timeout or protocol failure.
 
@@ -58,7 +58,11 @@ class DeadlineExceeded(TimeoutError):
     text says which bound, and the translated error carries it."""
 
 
-class ReplyTooLong(ftplib.error_proto):
+class BadReply(ftplib.error_proto):
+    """A control reply ftpbc refuses; its text says why (it becomes a ProtocolError)."""
+
+
+class ReplyTooLong(BadReply):
     """A control reply (one line, or all lines of a multi-line reply) exceeded its size limit."""
 
 
@@ -169,7 +173,7 @@ def translate_ftp_reply(exc: ftplib.Error, *, server: str, path: str = "",
     reply = str(exc).strip()
     code = reply[:3]
     low = reply.lower()
-    if isinstance(exc, ReplyTooLong):
+    if isinstance(exc, BadReply):
         return ProtocolError(reply, server=server, path=path)
     if isinstance(exc, ftplib.error_proto | ftplib.error_reply) or not code.isdigit():
         return ProtocolError(f"unexpected reply {reply!r}", server=server, path=path)

@@ -70,6 +70,7 @@ from ftpbc.errors import (
 )
 from ftpbc.transport.base import Entry, Transport, normalize, stream_position
 from ftpbc.transport.errormap import (
+    BadReply,
     DeadlineExceeded,
     Progress,
     RateGuard,
@@ -220,12 +221,22 @@ class _BoundedFTPS(_BoundedFTP, ftplib.FTP_TLS):
     """Explicit FTPS (``AUTH TLS``) with bounded replies."""
 
     def auth(self) -> str:
+        if isinstance(self.sock, ssl.SSLSocket):
+            raise ValueError("Already using TLS")
+        resp = self.voidcmd("AUTH TLS")
+        if self._rbuf:
+            # Bytes that came in clear after the reply would be read later as if they had come
+            # through TLS (a man in the middle's "230 logged in"): refuse the session instead.
+            raise BadReply("the server sent more after its reply to AUTH TLS, before TLS began")
+        assert self.sock is not None
         # The TLS handshake is bounded as a whole by the socket timeout (CPython's ssl module
         # uses it as a deadline): while connecting, by what is left of the connect deadline.
         left = self._left()
-        if left is not None and self.sock is not None:
+        if left is not None:
             self.sock.settimeout(left)
-        return str(super().auth())
+        self.sock = self.context.wrap_socket(self.sock, server_hostname=self.host)
+        self.file = self.sock.makefile(mode="r", encoding=self.encoding)
+        return resp
 
 
 class _ImplicitFTPS(_BoundedFTPS):

@@ -13,7 +13,10 @@ misbehaves in the one way it was told to (``behaviour``):
 ``retr``
     logs in, and sends a RETR's (or a listing's) data one byte per ``interval``, for ever;
 ``dele``
-    logs in, and trickles its reply to DELE one byte per ``interval``.
+    logs in, and trickles its reply to DELE one byte per ``interval``;
+``auth_inject``
+    answers AUTH TLS with its 234 reply followed, in the same clear-text packet, by a forged
+    ``230 logged in``, then speaks TLS (with ``tls``, a certificate and its key).
 
 :class:`HostileSFTPServer` (SSH by paramiko in server mode, SFTP packets by hand) lets a client
 log in with any password, then:
@@ -35,8 +38,10 @@ socket they hold and joins every thread, which also unblocks a client stuck read
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import threading
+from pathlib import Path
 from types import TracebackType
 
 import paramiko
@@ -97,11 +102,16 @@ def _shut(sock: socket.socket) -> None:
 
 
 class HostileFTPServer:
-    def __init__(self, behaviour: str, *, interval: float = 0.25) -> None:
-        if behaviour not in ("welcome", "feat", "feat_flood", "retr", "dele"):
+    def __init__(self, behaviour: str, *, interval: float = 0.25,
+                 tls: tuple[Path, Path] | None = None) -> None:
+        if behaviour not in ("welcome", "feat", "feat_flood", "retr", "dele", "auth_inject"):
             raise ValueError(f"unknown behaviour {behaviour!r}")
         self.behaviour = behaviour
         self.interval = interval
+        self._tls: ssl.SSLContext | None = None
+        if tls is not None:
+            self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._tls.load_cert_chain(*tls)
         self._t = _Threads()
         self._listener = self._t.track(socket.create_server(("127.0.0.1", 0)))
         self.port: int = self._listener.getsockname()[1]
@@ -164,6 +174,11 @@ class HostileFTPServer:
             line = raw.decode("utf-8", "replace").rstrip("\r\n")
             self.commands.append(line)
             verb = line.split(" ", 1)[0].upper()
+            if verb == "AUTH" and self.behaviour == "auth_inject" and self._tls is not None:
+                conn.sendall(b"234 go ahead\r\n230 logged in (forged, in clear)\r\n")
+                conn = self._t.track(self._tls.wrap_socket(conn, server_side=True))
+                reader = conn.makefile("rb")
+                continue
             if verb == "USER":
                 conn.sendall(b"331 password please\r\n")
             elif verb == "PASS":
