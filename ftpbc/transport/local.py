@@ -306,6 +306,9 @@ class LocalTransport(Transport):
     def mkdir(self, path: str, *, timeout: float | None = None) -> None:
         parts = self._parts(path)
         with self._mapped(path):
+            # The base directory comes from this node's own configuration, not from a partner:
+            # create it when missing, as mkdir creates every missing parent.
+            os.makedirs(self.base, exist_ok=True)
             fd = os.open(self.base, _BASE)
             try:
                 for i, name in enumerate(parts):
