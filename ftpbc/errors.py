@@ -52,6 +52,16 @@ class PatternError(ConfigError):
         super().__init__(f"pattern {pattern!r}, column {column}: {expected}")
 
 
+class SelectorError(ConfigError):
+    """A message selector is malformed; the message names the selector and the column (1-based)."""
+
+    def __init__(self, selector: str, column: int, problem: str) -> None:
+        self.selector = selector
+        self.column = column
+        self.problem = problem
+        super().__init__(f"selector {selector!r}, column {column}: {problem}")
+
+
 class UnsafeNameError(ConfigError):
     """A file name or path would escape its directory (``/``, ``..``, NUL, empty)."""
 
@@ -120,8 +130,19 @@ class ConnectFailed(TransportError):
     """No connection could be established (refused, unreachable, DNS)."""
 
 
+class SessionLimit(ConnectFailed):
+    """The server refuses another session from this client (a per-host or per-user limit, e.g.
+    ``421 Too many connections`` or ``530 ... maximum number of clients``): not a wrong password.
+    A transport's pool shrinks to the sessions the server allows and waits for one of them."""
+
+
 class ConnectionLost(TransportError):
     """The connection dropped before the command was sent; the operation did not happen."""
+
+
+class ServerBusy(ConnectionLost):
+    """A transient refusal that provably did nothing (``425`` no data connection, ``450`` file
+    busy): the operation did not happen and is retried with backoff."""
 
 
 class TransportTimeout(TransportError):
