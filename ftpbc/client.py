@@ -20,7 +20,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Unpack
 
 from ftpbc.config.loader import load_config
 from ftpbc.config.models import Config
@@ -28,7 +28,7 @@ from ftpbc.errors import FtpbcError, NotFound, RemoteHandlerError, RequestTimeou
 from ftpbc.exchange.envelope import ERROR_TYPE
 from ftpbc.exchange.layout import AreaLayout, Candidate, PartnerLayout
 from ftpbc.exchange.lifecycle import Claimed, Lifecycle, op_id_for
-from ftpbc.exchange.runtime import Runtime
+from ftpbc.exchange.runtime import MessageOptions, Runtime
 from ftpbc.faults import crash_point
 
 log = logging.getLogger("ftpbc.client")
@@ -220,24 +220,30 @@ class Client:
 
     # ------------------------------------------------------------------ API
 
-    def send(self, endpoint: str, body: bytes | str | BinaryIO) -> str:
+    def send(self, endpoint: str, body: bytes | str | BinaryIO, **options: Unpack[MessageOptions]) -> str:
         """Send a one-way message; return its remote path once it is visible in the inbox.
 
-        ``endpoint`` may name a transfer: the file goes to its ``send_to`` (with its pre/post
-        send commands) and the returned path is where it ended up.
+        ``options``: ``priority`` (0-9), ``ttl`` (seconds), ``properties``, ``correlation_id``,
+        ``type``; priority and ttl default to the endpoint's.  ``endpoint`` may name a transfer:
+        the file goes to its ``send_to`` (with its pre/post send commands) and the returned path
+        is where it ended up; a transfer's names carry no options.
         """
         if endpoint in self.config.transfers:
+            if options:
+                raise ValueError(f"{endpoint!r} is a transfer: its file names come from send_to and carry "
+                                 f"no {', '.join(options)}")
             lc = self.runtime.transfer(endpoint)
             assert isinstance(lc.layout, PartnerLayout)
             op_id = op_id_for(None, "send")
             return lc.send(lc.layout.plan(op_id, self.runtime.node_id), _bytes(body), op_id=op_id,
                            kind="transfer")
-        name, uid = self.runtime.new_message(endpoint, "oneway")
+        name, uid = self.runtime.new_message(endpoint, "oneway", **options)
         return self._send(endpoint, name, uid, body, "oneway")
 
-    def submit(self, endpoint: str, body: bytes | str | BinaryIO) -> str:
-        """Send a request without waiting; return its UUID for :meth:`collect`."""
-        name, uid = self.runtime.new_message(endpoint, "request")
+    def submit(self, endpoint: str, body: bytes | str | BinaryIO, **options: Unpack[MessageOptions]) -> str:
+        """Send a request without waiting; return its UUID for :meth:`collect` (options as
+        :meth:`send`)."""
+        name, uid = self.runtime.new_message(endpoint, "request", **options)
         self._send(endpoint, name, uid, body, "request")
         return uid
 
@@ -272,12 +278,13 @@ class Client:
             raise RemoteHandlerError(endpoint, request_file, body.decode("utf-8", "replace"))
         return body
 
-    def request(self, endpoint: str, body: bytes | str | BinaryIO, timeout: float | None = None) -> bytes:
+    def request(self, endpoint: str, body: bytes | str | BinaryIO, timeout: float | None = None,
+                **options: Unpack[MessageOptions]) -> bytes:
         """Send a request and wait for its response (see :meth:`collect` for errors).
 
         A request that times out is withdrawn from the inbox when no provider has claimed it yet.
         """
-        name, uid = self.runtime.new_message(endpoint, "request")
+        name, uid = self.runtime.new_message(endpoint, "request", **options)
         poller = self._poller(endpoint)
         # Registered before sending, and this very future awaited: a reply delivered before this
         # thread gets to wait (a busy machine) completes it all the same.

@@ -7,6 +7,7 @@ import sys
 import click
 
 from ftpbc.cli.common import F, config_option, load, node_id_option, read_body
+from ftpbc.cli.options import message_options, options_dict
 from ftpbc.errors import RequestTimeout
 
 
@@ -23,8 +24,10 @@ def _body_options(f: F) -> F:
 @click.argument("endpoint")
 @_body_options
 @click.option("--timeout", type=float, default=None, help="Seconds to wait (default: the endpoint's).")
+@message_options
 def request(config_path: str, node_id: str | None, endpoint: str, data: str | None, file: str | None,
-            stdin: str | None, timeout: float | None) -> None:
+            stdin: str | None, timeout: float | None, priority: int | None, ttl: float | None,
+            properties: tuple[str, ...], correlation_id: str | None, message_type: str | None) -> None:
     """Send a request to ENDPOINT and print the response body.
 
     Exits 3 when no response comes in time, 4 when the provider's handler failed.
@@ -33,15 +36,18 @@ def request(config_path: str, node_id: str | None, endpoint: str, data: str | No
     from ftpbc.errors import RemoteHandlerError
 
     body = read_body(data, file, stdin == "-")
+    options = options_dict(priority, ttl, properties, correlation_id, message_type)
     with Client(load(config_path, node_id)) as client:
         try:
-            answer = client.request(endpoint, body, timeout=timeout)
+            answer = client.request(endpoint, body, timeout=timeout, **options)
         except RequestTimeout as exc:
             click.echo(f"ftpbc: timeout: {exc}", err=True)
             raise SystemExit(3) from None
         except RemoteHandlerError as exc:
             click.echo(f"ftpbc: error reply: {exc}", err=True)
             raise SystemExit(4) from None
+        except ValueError as exc:  # an option the endpoint cannot carry
+            raise click.UsageError(str(exc)) from None
     sys.stdout.buffer.write(answer)
     sys.stdout.buffer.flush()
 
@@ -51,11 +57,17 @@ def request(config_path: str, node_id: str | None, endpoint: str, data: str | No
 @node_id_option
 @click.argument("endpoint")
 @_body_options
+@message_options
 def send(config_path: str, node_id: str | None, endpoint: str, data: str | None, file: str | None,
-         stdin: str | None) -> None:
+         stdin: str | None, priority: int | None, ttl: float | None, properties: tuple[str, ...],
+         correlation_id: str | None, message_type: str | None) -> None:
     """Send a one-way message to ENDPOINT (or a file to a transfer's send_to); print its remote path."""
     from ftpbc.client import Client
 
     body = read_body(data, file, stdin == "-")
+    options = options_dict(priority, ttl, properties, correlation_id, message_type)
     with Client(load(config_path, node_id)) as client:
-        click.echo(client.send(endpoint, body))
+        try:
+            click.echo(client.send(endpoint, body, **options))
+        except ValueError as exc:  # an option the endpoint cannot carry
+            raise click.UsageError(str(exc)) from None

@@ -7,7 +7,6 @@ directory of the process, as with most command-line tools; docker-compose and th
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 from pathlib import Path
@@ -22,8 +21,13 @@ ENDPOINT_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 def default_node_id() -> str:
-    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:40] or "node"
-    return f"{host}-{os.getpid()}"
+    """This host's name, made a valid node id: stable across restarts, so a restarted node
+    replays its own journal.  Two nodes on one host need ids of their own (``--node-id``)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:48] or "node"
+
+
+#: a client's identity is ``<node id>.client<slot>``: serving nodes may not take such an id
+CLIENT_ID_RE = re.compile(r"\.client\d+$")
 
 
 def check_node_id(value: str) -> str:

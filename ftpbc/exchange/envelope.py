@@ -38,7 +38,9 @@ __all__ = [
     "DEFAULT_PRIORITY",
     "DELIVERY_COUNT_PROPERTY",
     "ERROR_TYPE",
+    "EXPIRED_TYPE",
     "NAME_LIMIT",
+    "RESERVED_TYPE_PREFIX",
     "TIMESTAMP_PROPERTY",
     "Direction",
     "DropboxmqCodec",
@@ -59,6 +61,8 @@ PropertyValue = bool | int | float | str
 
 DEFAULT_PRIORITY = 4
 ERROR_TYPE = "ftpbc.error"  # headers.type of an error reply (a handler that failed)
+EXPIRED_TYPE = "ftpbc.expired"  # headers.type of the reply to a request that expired unserved
+RESERVED_TYPE_PREFIX = "ftpbc."  # types ftpbc's own replies use; applications may not send them
 NAME_LIMIT = 255  # bytes (UTF-8): most servers' limit for one path segment
 
 _KINDS = frozenset(("request", "response", "oneway"))

@@ -7,13 +7,16 @@ import functools
 import logging
 import threading
 import uuid as uuidlib
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TypedDict
 
 from ftpbc.cluster.heartbeat import Heartbeat
 from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.config.models import Config
 from ftpbc.errors import ConfigError
-from ftpbc.exchange.envelope import Headers, Kind, PropertyValue
+from ftpbc.exchange.envelope import DEFAULT_PRIORITY, RESERVED_TYPE_PREFIX, Headers, Kind, PropertyValue
 from ftpbc.exchange.layout import KEY_PREFIX, AreaLayout, Direction, PartnerLayout
 from ftpbc.exchange.lifecycle import Lifecycle
 from ftpbc.exchange.recovery import Action, recover_orphans, recover_pending
@@ -23,6 +26,16 @@ from ftpbc.sequences import SequenceStore
 from ftpbc.transport import Transport, open_transport
 
 log = logging.getLogger("ftpbc.recovery")
+
+
+class MessageOptions(TypedDict, total=False):
+    """Per-message headers and properties a sender may give (:meth:`Runtime.new_message`)."""
+
+    priority: int
+    ttl: float
+    properties: Mapping[str, PropertyValue]
+    correlation_id: str
+    type: str
 
 
 class Runtime:
@@ -88,9 +101,22 @@ class Runtime:
         return lc
 
     def new_message(self, endpoint: str, kind: Kind, *, priority: int | None = None,
-                    properties: dict[str, PropertyValue] | None = None) -> tuple[str, str]:
-        """A fresh ``(file name, uuid)`` for a request or one-way message of ``endpoint``."""
+                    properties: Mapping[str, PropertyValue] | None = None, ttl: float | None = None,
+                    correlation_id: str | None = None, type: str | None = None) -> tuple[str, str]:
+        """A fresh ``(file name, uuid)`` for a request or one-way message of ``endpoint``.
+
+        ``priority`` (0-9) and ``ttl`` (seconds until the message expires) default to the
+        endpoint's; ``type`` may not start with ``ftpbc.`` (ftpbc's own replies use those).
+        """
         ep = self.config.endpoint(endpoint)
+        priority = ep.priority if priority is None else priority
+        ttl = ep.ttl if ttl is None else ttl
+        if ttl is not None and not ttl > 0:
+            raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+        if type is not None and type.startswith(RESERVED_TYPE_PREFIX):
+            raise ValueError(f"message type {type!r}: types starting {RESERVED_TYPE_PREFIX!r} are "
+                             "ftpbc's own")
+        expiration = None if ttl is None else datetime.now(UTC) + timedelta(seconds=ttl)
         layout = self.lifecycle(endpoint).layout
         assert isinstance(layout, AreaLayout)
         prefix = ep.request_prefix if kind == "request" else ep.oneway_prefix
@@ -104,12 +130,14 @@ class Runtime:
                 ExpandContext(endpoint=endpoint, store=self.sequences, tz=ep.timezone))
             assert expansion.uuid is not None  # message_name is validated to contain %u
             base, uid = prefix + expansion.name, expansion.uuid
-        if ep.naming == "ftpbc" and priority is None and not properties:
+        if (ep.naming == "ftpbc" and priority == DEFAULT_PRIORITY and not properties and expiration is None
+                and correlation_id is None and type is None):
             name = base  # all defaults: the plain name
         else:
-            headers = Headers(id=uid, kind=kind, priority=4 if priority is None else priority,
+            headers = Headers(id=uid, kind=kind, priority=priority, expiration=expiration,
+                              correlation_id=correlation_id, type=type,
                               reply_to=endpoint if kind == "request" and ep.naming != "ftpbc" else None)
-            name = layout.name_for(headers, properties, base)
+            name = layout.name_for(headers, dict(properties or {}), base)
         layout.check_sendable(name, base)
         return name, uid
 
