@@ -23,8 +23,15 @@ from pathlib import Path
 from typing import BinaryIO, Unpack
 
 from ftpbc.config.loader import load_config
-from ftpbc.config.models import Config
-from ftpbc.errors import FtpbcError, NotFound, RemoteHandlerError, RequestTimeout, TransportError
+from ftpbc.config.models import CLIENT_ID_RE, Config
+from ftpbc.errors import (
+    FtpbcError,
+    JournalError,
+    NotFound,
+    RemoteHandlerError,
+    RequestTimeout,
+    TransportError,
+)
 from ftpbc.exchange.envelope import ERROR_TYPE
 from ftpbc.exchange.layout import AreaLayout, Candidate, PartnerLayout
 from ftpbc.exchange.lifecycle import Claimed, Lifecycle, op_id_for
@@ -34,6 +41,8 @@ from ftpbc.faults import crash_point
 log = logging.getLogger("ftpbc.client")
 
 FIRST_BACKOFF = 0.002
+#: client identities per node id and host (concurrent ftpbc request/send processes)
+CLIENT_SLOTS = 64
 #: responses found by one poll are read and archived by up to this many threads at once
 DELIVERY_THREADS = 4
 
@@ -210,7 +219,29 @@ class Client:
 
     @classmethod
     def from_config(cls, path: str | Path, *, node_id: str | None = None) -> Client:
-        return cls(load_config(path, node_id=node_id))
+        """A client of the configuration in ``path``.
+
+        Without ``node_id`` the client takes an identity of its own, ``<node.id>.client<N>``
+        with the first N not in use by another process on this host: it never collides with
+        the serving node of the same configuration, and it is reused run after run, so a
+        client's journal is replayed by the next client instead of piling up.
+        """
+        return cls.with_identity(load_config(path), node_id)
+
+    @classmethod
+    def with_identity(cls, config: Config, node_id: str | None = None) -> Client:
+        """A client with ``node_id``, or with a client identity of its own (see from_config)."""
+        if node_id:
+            return cls(config.with_node_id(node_id))
+        base = CLIENT_ID_RE.sub("", config.node.id)[:54]
+        for slot in range(CLIENT_SLOTS):
+            try:
+                return cls(config.with_node_id(f"{base}.client{slot}"))
+            except JournalError as exc:
+                if "in use" not in str(exc):
+                    raise
+        raise JournalError(f"all {CLIENT_SLOTS} client identities {base}.client0-{CLIENT_SLOTS - 1} are "
+                           "in use on this host; give this client a --node-id")
 
     def __enter__(self) -> Client:
         return self
@@ -282,7 +313,10 @@ class Client:
                 **options: Unpack[MessageOptions]) -> bytes:
         """Send a request and wait for its response (see :meth:`collect` for errors).
 
-        A request that times out is withdrawn from the inbox when no provider has claimed it yet.
+        A request that times out, or whose wait is interrupted (KeyboardInterrupt, SystemExit:
+        Ctrl-C, SIGTERM in ``ftpbc request``), is withdrawn from the inbox when no provider has
+        claimed it yet.  One already claimed is served for nobody: its response is archived as
+        uncollected, and its handler may have run (handlers must be idempotent).
         """
         name, uid = self.runtime.new_message(endpoint, "request", **options)
         poller = self._poller(endpoint)
@@ -296,10 +330,12 @@ class Client:
             raise
         try:
             return self._await(poller, uid, fut, timeout, name)
-        except RequestTimeout:
+        except (RequestTimeout, KeyboardInterrupt, SystemExit):
+            poller.forget(uid)
             lc = self.runtime.lifecycle(endpoint)
             try:
                 lc.transport.delete(lc.layout.box_path(name))
+                log.info("%s: request %s withdrawn from the inbox", endpoint, uid)
             except (NotFound, TransportError):
                 pass
             raise

@@ -60,6 +60,10 @@ TRANSIENT = [f"{d}{k}" for d in ("in", "out") for k in KINDS if k not in ("archi
 
 # ---------------------------------------------------------------------- the instrumented handler
 
+#: caps the seconds a ``sleep:`` body makes the handler work, on the node whose env sets it
+SLEEP_CAP_ENV = "CHAOS_SLEEP_CAP"
+
+
 def _log_line(kind: str, uuid: str | None, detail: str = "") -> None:
     path = os.environ.get(LOG_ENV)
     if not path:
@@ -79,7 +83,8 @@ def handler(message: Message) -> bytes:
     # The body read is logged, so a wrong answer can be traced to a torn read or a torn file.
     _log_line("start", message.uuid, repr(body[:80]).replace(" ", "\\x20"))
     if body.startswith(b"sleep:"):
-        time.sleep(float(body.split(b":")[1]))  # the handler's own work, not a synchronisation
+        # the handler's own work, not a synchronisation; SLEEP_CAP_ENV shortens it on one node
+        time.sleep(min(float(body.split(b":")[1]), float(os.environ.get(SLEEP_CAP_ENV, "inf"))))
     _log_line("return", message.uuid)
     return b"re:" + body
 
@@ -173,8 +178,10 @@ class Cluster:
     def handler_logs(self) -> list[Path]:
         return sorted(self.workdir.glob("handler-*.log"))
 
-    def env(self, node_id: str | None = None, crash_at: str | None = None) -> dict[str, str]:
+    def env(self, node_id: str | None = None, crash_at: str | None = None,
+            **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FTPBC_")}
+        env.update(extra)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         if self.password is not None:
             env[PASSWORD_ENV] = self.password
@@ -307,13 +314,13 @@ class NodeProcess:
         self.starts = 0
         self._log_offset = 0
 
-    def start(self, crash_at: str | None = None) -> None:
+    def start(self, crash_at: str | None = None, **env: str) -> None:
         with open(self.log, "ab") as log:
             self._log_offset = log.tell()
             self.proc = subprocess.Popen([*FTPBC, "serve", "-c", str(self.cluster.config), "--node-id",
                                           self.node_id], cwd=REPO, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=log,
-                                         env=self.cluster.env(self.node_id, crash_at))
+                                         env=self.cluster.env(self.node_id, crash_at, **env))
         self.starts += 1
 
     def ready(self) -> bool:

@@ -23,7 +23,8 @@ def config_option(f: F) -> F:
 
 def node_id_option(f: F) -> F:
     return click.option("--node-id", default=None,
-                        help="This node's identity (overrides node.id; default <hostname>-<pid>).")(f)
+                        help="This node's identity (overrides node.id; default: the host name). "
+                             "request/send default to a client identity of their own, <node.id>.clientN.")(f)
 
 
 def load(config_path: str, node_id: str | None = None) -> Config:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+from types import FrameType
 
 import click
 
@@ -37,9 +39,15 @@ def request(config_path: str, node_id: str | None, endpoint: str, data: str | No
 
     body = read_body(data, file, stdin == "-")
     options = options_dict(priority, ttl, properties, correlation_id, message_type)
-    with Client(load(config_path, node_id)) as client:
+    # SIGTERM ends the wait like Ctrl-C does, so the request is withdrawn before exiting.
+    signal.signal(signal.SIGTERM, _interrupt)
+    with Client.with_identity(load(config_path), node_id) as client:
         try:
             answer = client.request(endpoint, body, timeout=timeout, **options)
+        except KeyboardInterrupt:
+            click.echo("ftpbc: interrupted: the request was withdrawn unless a provider had taken it",
+                       err=True)
+            raise SystemExit(130) from None
         except RequestTimeout as exc:
             click.echo(f"ftpbc: timeout: {exc}", err=True)
             raise SystemExit(3) from None
@@ -66,8 +74,12 @@ def send(config_path: str, node_id: str | None, endpoint: str, data: str | None,
 
     body = read_body(data, file, stdin == "-")
     options = options_dict(priority, ttl, properties, correlation_id, message_type)
-    with Client(load(config_path, node_id)) as client:
+    with Client.with_identity(load(config_path), node_id) as client:
         try:
             click.echo(client.send(endpoint, body, **options))
         except ValueError as exc:  # an option the endpoint cannot carry
             raise click.UsageError(str(exc)) from None
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt

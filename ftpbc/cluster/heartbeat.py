@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +42,7 @@ class Heartbeat:
     def beat(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(f"{os.getpid()} {time.time():.3f}\n", encoding="ascii")
+        tmp.write_text(f"{os.getpid()} {time.time():.3f} {_HOST}\n", encoding="utf-8")
         os.replace(tmp, self.path)
 
     def start(self) -> None:
@@ -84,6 +85,41 @@ class Heartbeat:
                 self.path.unlink()
             except FileNotFoundError:
                 pass
+
+
+def live_elsewhere(state_dir: Path, node_id: str, lease: float) -> str | None:
+    """Who else holds ``node_id`` (a heartbeat younger than ``lease`` from another host, or from
+    another live process of this host), as a sentence; None if nobody does."""
+    path = Path(state_dir) / "heartbeats" / node_id
+    try:
+        age = time.time() - path.stat().st_mtime
+        fields = path.read_text(encoding="utf-8", errors="replace").split()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if age > lease or len(fields) < 2:
+        return None
+    host = fields[2] if len(fields) > 2 else _HOST
+    pid = int(fields[0]) if fields[0].isdigit() else 0
+    if host == _HOST and (pid == os.getpid() or not _alive(pid)):
+        return None
+    where = f"host {host}" if host != _HOST else f"process {pid} of this host"
+    return (f"node id {node_id!r} is live on {where} (heartbeat {age:.0f} s ago in {path.parent}); give "
+            f"this node another id (--node-id), or wait {lease - age:.0f} s if that node is gone")
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_HOST = socket.gethostname().replace(" ", "-") or "localhost"
 
 
 def is_dead(state_dir: Path, node_id: str, lease: float) -> bool:

@@ -325,6 +325,14 @@ class Lifecycle:
                 pass
         self.journal.end(claimed.op_id)
 
+    def rename_back(self, claimed: Claimed) -> None:
+        """Put a claimed file back in its box without touching the journal (which failed)."""
+        if claimed.path != self.layout.box_path(claimed.name):
+            try:
+                self.transport.rename(claimed.path, self.layout.box_path(claimed.name))
+            except SourceGone:
+                pass
+
     def read_failed(self, claimed: Claimed, exc: TransportError) -> str:
         """Decide what a failed read means; return what was done (for the log line)."""
         if isinstance(exc, POISON_ERRORS):

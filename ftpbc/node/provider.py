@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from ftpbc.cluster.liveness import Liveness, LoopGuard
 from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.errors import NotFound, TransportError, UnsafeEntry
 from ftpbc.exchange.layout import KEY_PREFIX as TRANSFER_KEY_PREFIX
@@ -45,6 +46,8 @@ CLAIM_WINDOW = 8
 STALE_TRIES = 4
 #: first wait after a poll that found work; doubles up to poll_interval
 FIRST_IDLE_WAIT = 0.002
+#: how long a stopping node still tries to deliver results already recorded
+FINISH_GRACE = 5.0
 
 
 @dataclass
@@ -84,12 +87,16 @@ class Poller:
     to :meth:`_dispatch`; endpoints (:class:`Provider`) and transfers share this loop.
     """
 
-    def __init__(self, name: str, config: PollSettings, poll_lock: PollLock) -> None:
+    def __init__(self, name: str, config: PollSettings, poll_lock: PollLock, *,
+                 liveness: Liveness | None = None) -> None:
         self.name = name
         self.config = config
         self.poll_lock = poll_lock
         self.stats = ProviderStats()
         self._stop = threading.Event()
+        self._guard = LoopGuard(f"poller {name}", liveness, self._stop, first_wait=config.poll_interval,
+                                logger=log)
+        self._liveness = liveness
         self._pool = ThreadPoolExecutor(config.workers, thread_name_prefix=f"ftpbc-{name}")
         self._thread: threading.Thread | None = None
         self._in_flight = 0
@@ -102,6 +109,7 @@ class Poller:
         # callers once polls got cheap, while the other two idled.)
         self._capacity = config.workers
         self._refill_at = 1
+        self._give_up_at = float("inf")
 
     def poll_once(self) -> int:
         """One poll: claimed count, 0 if nothing to do, -1 if another poller held the lock."""
@@ -130,7 +138,6 @@ class Poller:
         self._thread.start()
 
     def _run(self) -> None:
-        backoff = self.config.poll_interval
         # After a poll that found work, empty polls back off from FIRST_IDLE_WAIT up to
         # poll_interval instead of waiting a whole interval at once: a caller that sends its
         # next request as soon as it has the previous answer would otherwise wait a full
@@ -138,14 +145,8 @@ class Poller:
         # for a bare poller).  An endpoint idle for long still lists once per poll_interval.
         idle_wait = self.config.poll_interval
         while not self._stop.is_set():
-            try:
-                found = self.poll_once()
-                backoff = self.config.poll_interval
-            except Exception as exc:  # a poller never dies: log, back off, go on
-                log.warning("%s: poll failed: %s: %s", self.name, type(exc).__name__, exc)
-                found = 0
-                backoff = min(backoff * 2, max(self.config.poll_interval, 30.0))
-                self._stop.wait(backoff)
+            found = self._guard.run(self.poll_once)  # never raises: logs, backs off, goes on
+            if found is None:
                 continue
             if found > 0:
                 idle_wait = min(FIRST_IDLE_WAIT, self.config.poll_interval)
@@ -157,11 +158,14 @@ class Poller:
                 continue
             self._stop.wait(idle_wait)
             idle_wait = min(idle_wait * 2, self.config.poll_interval)
+        if self._liveness is not None:
+            self._liveness.forget(self._guard.loop)
 
     def _free_slots(self) -> int:
         """How many items to claim now; waits until at least ``_refill_at`` are free."""
         with self._in_flight_cv:
             while self._capacity - self._in_flight < self._refill_at and not self._stop.is_set():
+                self._guard.progress()  # busy workers are not a stuck poller
                 self._in_flight_cv.wait(0.5)
             return self._capacity - self._in_flight
 
@@ -182,13 +186,16 @@ class Poller:
                 self._in_flight_cv.notify_all()
 
     def _retry(self, step: Callable[[], T]) -> T | None:
-        """Run an idempotent step until it succeeds or the node stops (recovery then finishes)."""
+        """Run an idempotent step until it succeeds or the node stops (recovery then finishes).
+
+        While stopping, a step is still tried for a few more seconds: a recorded result should
+        go out before the node exits rather than wait for its next start."""
         delay = 0.05
         while True:
             try:
                 return step()
             except TransportError as exc:
-                if self._stop.is_set():
+                if self._stop.is_set() and time.monotonic() > self._give_up_at:
                     log.warning("%s: stopping with a step unfinished (recovery will finish it): %s",
                                 self.name, exc)
                     return None
@@ -199,30 +206,61 @@ class Poller:
     # ------------------------------------------------------------------ stopping
 
     def stop(self, drain_timeout: float) -> bool:
-        """Stop polling, let in-flight handlers finish; True if all finished in time."""
+        """Stop claiming, give in-flight handlers ``drain_timeout``, then hand back what is not
+        done: claims whose handler has not returned go straight back to their box (other nodes
+        take them at once, no lease to wait for), recorded results are still delivered.  True if
+        nothing was left behind (every claim finished or returned)."""
         self._stop.set()
+        self._give_up_at = time.monotonic() + drain_timeout + FINISH_GRACE
         if self._thread is not None:
             self._thread.join(timeout=max(drain_timeout, 1.0))
+        with self._in_flight_cv:
+            busy = self._in_flight
+        if busy:
+            log.info("%s: draining %d in-flight message(s), up to %g s", self.name, busy, drain_timeout)
         deadline = time.monotonic() + drain_timeout
         with self._in_flight_cv:
             while self._in_flight > 0 and time.monotonic() < deadline:
                 self._in_flight_cv.wait(min(0.1, max(deadline - time.monotonic(), 0.001)))
             drained = self._in_flight == 0
-        self._pool.shutdown(wait=drained, cancel_futures=True)
-        return drained
+        clean = drained or self._hand_back()
+        if not drained:
+            # Results being delivered get a short grace; handlers still running are abandoned
+            # (their claims are back in the box, and they will not record anything).
+            deadline = time.monotonic() + FINISH_GRACE
+            with self._in_flight_cv:
+                while self._finishing() and time.monotonic() < deadline:
+                    self._in_flight_cv.wait(0.1)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        return clean
+
+    def _hand_back(self) -> bool:
+        """Return the claims whose handlers are still running; True if all went back."""
+        return True
+
+    def _finishing(self) -> bool:
+        """Whether a worker is delivering a recorded result."""
+        return False
 
 
 class Provider(Poller):
     """The poller and workers of one endpoint (its inbound direction) or one transfer."""
 
     def __init__(self, name: str, config: PollSettings, lifecycle: Lifecycle, handler: Handler,
-                 poll_lock: PollLock) -> None:
-        super().__init__(name, config, poll_lock)
+                 poll_lock: PollLock, *, liveness: Liveness | None = None) -> None:
+        super().__init__(name, config, poll_lock, liveness=liveness)
         self.lifecycle = lifecycle
         self.handler = handler
+        #: claims in workers' hands: op id -> (claim, "handling" or "finishing")
+        self._active: dict[str, tuple[Claimed, str]] = {}
+        #: claims handed back at shutdown while their handler ran: it must not record anything
+        self._abandoned: set[str] = set()
+        self._active_lock = threading.Lock()
         self.in_place = lifecycle.layout.select is None
         # What the last listing found and this node has not claimed yet, best first.
         self._backlog: deque[Candidate] = deque()
+        #: when the listing behind the backlog was made (time.monotonic)
+        self._listed_at = 0.0
 
     def _poll_locked(self, free: int) -> int:
         """Claim up to ``free`` messages from the remembered backlog, listing the box if empty.
@@ -245,11 +283,17 @@ class Provider(Poller):
             return sum(1 for c in claimed if not self._stop.is_set() and self._serve_one(c))
         listed = False
         won = lost = tried = 0
+        if self._backlog and time.monotonic() - self._listed_at >= self.config.poll_interval:
+            # Relisted once it is a poll_interval old, used up or not: a message that arrived
+            # since (a priority 9 behind 2,000 of priority 4) waits one interval at most, and a
+            # large backlog costs one listing per interval, as an idle endpoint does.
+            self._backlog.clear()
         while won < free and tried < STALE_TRIES * free:
             if not self._backlog:
                 if listed:
                     break
                 self._backlog = deque(lc.waiting())
+                self._listed_at = time.monotonic()
                 listed = True
                 if not self._backlog:
                     break
@@ -274,6 +318,12 @@ class Provider(Poller):
         backlog = self._backlog
         count = min(count, len(backlog))
         window = min(len(backlog), count * CLAIM_WINDOW)
+        # Never across priorities: the window holds only messages of the best one waiting (the
+        # next poll, or the next round of this one, goes on with the next priority).
+        top = backlog[0].envelope.headers.priority
+        if backlog[window - 1].envelope.headers.priority != top:
+            window = next(i for i, c in enumerate(backlog) if c.envelope.headers.priority != top)
+            count = min(count, window)
         # Only the window is touched (a deque): copying the rest of a 10,000-entry backlog on
         # every poll was O(backlog) work per claim batch in the poller thread.
         head = [backlog.popleft() for _ in range(window)]
@@ -283,8 +333,38 @@ class Provider(Poller):
 
     # ------------------------------------------------------------------ serving
 
+    def _hand_back(self) -> bool:
+        with self._active_lock:
+            handling = [c for c, state in self._active.values() if state == "handling"]
+            self._abandoned.update(c.op_id for c in handling)
+        returned = 0
+        for c in handling:
+            try:
+                self.lifecycle.unclaim(c)
+                returned += 1
+            except Exception as exc:  # left for the lease, or for this node's recovery
+                log.warning("%s: could not return %s at shutdown: %s", self.name, c.name, exc)
+        if handling:
+            log.info("%s: returned %d unfinished claim(s) to %s for other nodes", self.name, returned,
+                     self.lifecycle.layout.box)
+        return returned == len(handling)
+
+    def _finishing(self) -> bool:
+        with self._active_lock:
+            return any(state == "finishing" for _, state in self._active.values())
+
     def _serve_one(self, claimed: Claimed) -> bool:
         """Read, call the handler, record, commit and reply; True once the message is done."""
+        with self._active_lock:
+            self._active[claimed.op_id] = (claimed, "handling")
+        try:
+            return self._serve(claimed)
+        finally:
+            with self._active_lock:
+                self._active.pop(claimed.op_id, None)
+                self._abandoned.discard(claimed.op_id)
+
+    def _serve(self, claimed: Claimed) -> bool:
         started = time.monotonic()
         lc = self.lifecycle
         spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115
@@ -316,7 +396,21 @@ class Provider(Poller):
             except Exception as exc:  # the handler is user code: any failure is its reply
                 error = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:2000]
                 log.warning("%s: handler failed on %s: %s", self.name, claimed.name, error)
-        fields = lc.record_served(claimed, result, error=error)
+        with self._active_lock:
+            if claimed.op_id in self._abandoned:
+                log.info("%s: %s was handed back at shutdown; its result is dropped", self.name, claimed.name)
+                return False
+            self._active[claimed.op_id] = (claimed, "finishing")
+        try:
+            fields = lc.record_served(claimed, result, error=error)
+        except Exception as exc:
+            # Nothing recorded (a full or broken journal): the result cannot be delivered safely,
+            # so the message goes back for any node; this node's poller stops too (its claims
+            # need the same journal), and a node that cannot work stops its heartbeat.
+            log.error("%s: cannot record the result of %s, returning it: %s: %s", self.name, claimed.name,
+                      type(exc).__name__, exc)
+            self._retry(functools.partial(lc.rename_back, claimed))
+            return False
         attempts = iter(range(1 << 30))
         # The first attempt knows the server's state; a retry must re-check it (stat calls).
         ok = self._retry(lambda: lc.finish_served(claimed.op_id, fields, fresh=next(attempts) == 0))

@@ -30,6 +30,7 @@ Messages carry the server's reply text, the server display name and the path; ne
 from __future__ import annotations
 
 import ftplib
+import re
 import socket
 import ssl
 import time
@@ -46,6 +47,8 @@ from ftpbc.errors import (
     OutcomeUnknown,
     PermissionDenied,
     ProtocolError,
+    ServerBusy,
+    SessionLimit,
     TLSFailed,
     TransportError,
     TransportTimeout,
@@ -163,6 +166,10 @@ def map_os_errors(server: str, path: str = "", *, progress: Progress | None = No
     return _Mapped(server, path, progress, connecting, ftp=False)
 
 
+#: words of a session-limit refusal (ProFTPD MaxClientsPerHost, pure-ftpd -C, vsftpd max_per_ip)
+_LIMIT_WORDS = re.compile(r"too many|maximum|\bmax\b|limit|already (connected|logged in)")
+
+
 def translate_ftp_reply(exc: ftplib.Error, *, server: str, path: str = "",
                         connecting: bool = False) -> TransportError:
     """The TransportError for an FTP error reply (``ftplib.error_perm``, ``error_temp``...).
@@ -177,11 +184,17 @@ def translate_ftp_reply(exc: ftplib.Error, *, server: str, path: str = "",
         return ProtocolError(reply, server=server, path=path)
     if isinstance(exc, ftplib.error_proto | ftplib.error_reply) or not code.isdigit():
         return ProtocolError(f"unexpected reply {reply!r}", server=server, path=path)
+    if connecting and code in ("421", "530") and _LIMIT_WORDS.search(low):
+        return SessionLimit(f"server refuses more sessions: {reply}", server=server, path=path)
     if code in ("530", "331", "332") and connecting:
         return AuthenticationFailed(f"login refused: {reply}", server=server, path=path)
     if code == "421":
         return ConnectionLost(f"server closed the session: {reply}", server=server, path=path)
-    if code in ("550", "450", "553"):
+    if code in ("425", "450"):
+        return ServerBusy(f"server busy, nothing done: {reply}", server=server, path=path)
+    if code == "426":
+        return OutcomeUnknown(f"transfer aborted: {reply}", server=server, path=path)
+    if code in ("550", "553"):
         if "exist" in low and "not" not in low and "no such" not in low:
             return AlreadyExists(reply, server=server, path=path)
         if "permission" in low or "denied" in low or "not allowed" in low or code == "553":

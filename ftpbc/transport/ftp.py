@@ -45,6 +45,7 @@ from __future__ import annotations
 import builtins
 import ftplib
 import io
+import logging
 import posixpath
 import re
 import select
@@ -52,7 +53,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -97,6 +98,12 @@ PASSIVE_RETRIES = 3
 #: how long closing a session waits for the reply to QUIT, and for the server's close_notify
 QUIT_TIMEOUT = 0.5
 _TCP_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
+
+
+log = logging.getLogger("ftpbc.ftp")
+
+#: pauses before retrying an operation that provably did nothing (dropped session, 421/425/450)
+TRANSIENT_BACKOFF = (0.0, 0.05, 0.2, 0.5)
 
 
 @dataclass
@@ -280,6 +287,7 @@ class FTPTransport(Transport):
         self._tls = cfg.scheme == "ftps"
         self._context = self._tls_context() if self._tls else None
         self._parsed = _ParsedLines()
+        self._bad_lines: set[str] = set()
         self._pool: Pool[_Session] = Pool(connect=self._connect, check=self._healthy, close=_close,
                                           size=cfg.pool_size, server=self.server,
                                           default_timeout=cfg.timeout)
@@ -297,20 +305,13 @@ class FTPTransport(Transport):
                     if str(exc)[:3] in ("501", "550", "450"):  # pyftpdlib: "501 No such directory."
                         raise NotFound(f"no such directory: {exc}", server=self.server, path=path) from None
                     raise
-                return [e for e in map(self._parsed.mlsx, lines) if e is not None]
+                return _parse_listing(lines, self._parsed.mlsx, server=self.server, path=path,
+                                      command="MLSD", reported=self._bad_lines)
             self._cwd(s, remote)
             now = datetime.now(UTC)
-            entries = []
-            for line in self._read_lines(s, "LIST -a", path):
-                try:
-                    entry = self._parsed.list_line(line, now)
-                except ValueError:
-                    # Skipping it would hide a file from every consumer: refuse instead.
-                    raise ProtocolError(f"cannot parse LIST line {line!r} (only unix-style listings "
-                                        "are understood)", server=self.server, path=path) from None
-                if entry is not None:
-                    entries.append(entry)
-            return entries
+            return _parse_listing(self._read_lines(s, "LIST -a", path),
+                                  lambda line: self._parsed.list_line(line, now), server=self.server,
+                                  path=path, command="LIST", reported=self._bad_lines)
 
         return self._run(path, op, timeout=timeout, repeatable=True)
 
@@ -425,7 +426,7 @@ class FTPTransport(Transport):
     def _run(self, path: str, op: Callable[[_Session, Progress], T], *, timeout: float | None,
              repeatable: bool | Callable[[], bool]) -> T:
         timeout = self.cfg.timeout if timeout is None else timeout
-        for attempt in (1, 2):
+        for attempt in range(1, len(TRANSIENT_BACKOFF) + 2):
             progress = Progress()
             try:
                 with self._pool.session(timeout) as s, map_ftp_errors(self.server, path,
@@ -433,11 +434,14 @@ class FTPTransport(Transport):
                     _set_timeout(s, timeout)
                     return op(s, progress)
             except ConnectionLost:
-                if attempt == 2:
+                # The command did not take effect (a dropped session, 421, 425, 450): any
+                # operation may go again, after a growing pause for the busy cases.
+                if attempt > len(TRANSIENT_BACKOFF):
                     raise
+                time.sleep(TRANSIENT_BACKOFF[attempt - 1])
             except OutcomeUnknown:
                 again = repeatable() if callable(repeatable) else repeatable
-                if attempt == 2 or not again:
+                if attempt >= 2 or not again:
                     raise
         raise AssertionError("unreachable")
 
@@ -855,6 +859,34 @@ def _chunks(stream: BinaryIO) -> Iterator[memoryview | bytes]:
             yield chunk
 
 
+def _parse_listing(lines: Iterable[str], parse: Callable[[str], Entry | None], *, server: str, path: str,
+                   command: str, reported: set[str]) -> list[Entry]:
+    """Parsed listing lines.  A line that does not parse (a fact like ``size=²``, an odd
+    format) is logged once and skipped: one bad entry never hides the others.  Only a listing
+    none of whose lines parse is refused, since that is a format ftpbc does not understand."""
+    entries: list[Entry] = []
+    bad: list[str] = []
+    for line in lines:
+        try:
+            entry = parse(line)
+        except ValueError:
+            bad.append(line)
+            continue
+        if entry is not None:
+            entries.append(entry)
+    if bad:
+        if not entries and len(bad) >= 2:
+            raise ProtocolError(f"cannot parse any {command} line, e.g. {bad[0][:200]!r} (only "
+                                "unix-style LIST and RFC 3659 MLSD are understood)",
+                                server=server, path=path)
+        for line in bad:
+            if line not in reported and len(reported) < PARSED_LINES:
+                reported.add(line)
+                log.warning("%s%s: skipped a %s line that does not parse: %r", server, path,
+                            command, line[:200])
+    return entries
+
+
 def _parse_time(value: str) -> datetime:
     """``YYYYMMDDHHMMSS[.sss]`` (MDTM, MLSD modify=) as UTC.  ValueError if malformed."""
     # Sliced by hand: strptime costs more than the rest of a 10,000-line listing's parsing.
@@ -867,7 +899,8 @@ def _parse_time(value: str) -> datetime:
 
 
 def _parse_mlsx(line: str) -> Entry | None:
-    """One MLSD/MLST line: ``fact=value;...; name``.  None for ``.``/``..`` and unparseable lines."""
+    """One MLSD/MLST line: ``fact=value;...; name``.  None for ``.``/``..`` and lines without a
+    name; ValueError for a fact that does not parse."""
     facts_part, sep, name = line.partition(" ")
     if not sep:
         return None
@@ -889,7 +922,9 @@ def _parse_mlsx(line: str) -> Entry | None:
             mtime = _parse_time(modify)
     if "/" in name:  # MLST answers with the path it was given
         name = posixpath.basename(name.rstrip("/")) or name
-    return Entry(name, int(size) if size.isdigit() else 0, mtime, kind == "dir")
+    if size and not (size.isascii() and size.isdigit()):
+        raise ValueError(f"bad size fact {size!r}")  # str.isdigit() takes '²', int() does not
+    return Entry(name, int(size) if size else 0, mtime, kind == "dir")
 
 
 #: listing lines remembered, parsed, per transport (about 250 bytes each)

@@ -35,7 +35,9 @@ Guarantees:
   timeout, to ride out a server restart.  A first connect is tried once, so a closed port fails
   fast.  Authentication and TLS failures are never retried;
 * idle sessions are reused last-in first-out, so a burst's surplus sessions age and the
-  health check weeds them out.
+  health check weeds them out;
+* a server that limits sessions per client (:class:`~ftpbc.errors.SessionLimit`) shrinks the pool
+  to what it allows: operations then wait for a session instead of failing.
 
 Not guaranteed: the pool does not retry *operations*; that is the transport's decision, because
 only it knows which operations are safe to repeat.
@@ -43,11 +45,13 @@ only it knows which operations are safe to repeat.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
@@ -57,11 +61,17 @@ from ftpbc.errors import (
     FtpbcError,
     OutcomeUnknown,
     ProtocolError,
+    SessionLimit,
     TransportError,
     TransportTimeout,
 )
 
 S = TypeVar("S")
+
+log = logging.getLogger("ftpbc.pool")
+
+#: every pool of this process, so one starved by a server's session limit can ask its siblings
+_POOLS: weakref.WeakSet[Pool[Any]] = weakref.WeakSet()
 
 #: errors after which a session's protocol state is unknown: it must not be reused
 BROKEN_ERRORS: tuple[type[TransportError], ...] = (ConnectionLost, OutcomeUnknown, TransportTimeout,
@@ -97,6 +107,7 @@ class Pool(Generic[S]):
         self._closed = False
         #: sessions opened so far (for tests and metrics)
         self.connects = 0
+        _POOLS.add(self)
 
     # ------------------------------------------------------------------ public API
 
@@ -105,9 +116,45 @@ class Pool(Generic[S]):
         return _Lease(self, timeout)
 
     def acquire(self, timeout: float | None = None) -> S:
-        """Take an idle healthy session or open a new one; wait at most ``timeout`` seconds."""
+        """Take an idle healthy session or open a new one; wait at most ``timeout`` seconds.
+
+        A server that refuses another session (:class:`~ftpbc.errors.SessionLimit`) shrinks the
+        pool to the sessions open now, and the caller waits for one of them; with none open
+        (other processes hold the server's sessions), it retries with backoff until ``timeout``.
+        """
         timeout = self.default_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
+        pause = 0.05
+        while True:
+            try:
+                return self._acquire(timeout, deadline)
+            except SessionLimit as exc:
+                if not self._shrink(exc, deadline, pause):
+                    raise
+                pause = min(pause * 2, 2.0)
+
+    def _shrink(self, exc: SessionLimit, deadline: float, pause: float) -> bool:
+        """After a refused session: True to try again (the pool shrank, or after a pause)."""
+        with self._lock:
+            open_now = self._in_use + len(self._idle)
+            if open_now >= 1:
+                if open_now < self.size:
+                    log.warning("%s allows %d session(s) from here; pool shrunk from %d (%s)",
+                                self.server, open_now, self.size, exc)
+                    self.size = open_now
+                return time.monotonic() < deadline
+        # None open here: other pools hold the server's sessions.  Those of this process give
+        # their idle ones back (a node and a client in one process share a per-host limit).
+        for sibling in list(_POOLS):
+            if sibling is not self and sibling.server == self.server:
+                sibling.discard_idle()
+        remaining = deadline - time.monotonic()
+        if remaining <= pause:
+            return False
+        time.sleep(pause)  # other processes hold the server's sessions: wait for one to go
+        return True
+
+    def _acquire(self, timeout: float, deadline: float) -> S:
         with self._lock:
             if self._closed:
                 raise ConnectionLost("transport is closed", server=self.server)

@@ -59,6 +59,8 @@ PASV_FTPS = (28400, 28799)
 PASV_NO_OVERWRITE = (28800, 28989)
 #: two ports only, for the test of concurrent passive requests (ProFTPD's bind race)
 PASV_TWO_PORTS = (28990, 28991)
+#: the limited server: five passive ports and six sessions per client host
+PASV_FIVE_PORTS = (28992, 28996)
 
 
 def proftpd_binary() -> Path:
@@ -66,7 +68,7 @@ def proftpd_binary() -> Path:
 
 
 def _config(*, binary: Path, workdir: Path, port: int, passive: tuple[int, int], tls: TLSMaterial | None,
-            allow_overwrite: bool) -> str:
+            allow_overwrite: bool, max_per_host: int | None = None) -> str:
     lines = [
         'ServerName "ftpbc test proftpd"',
         "ServerType standalone",
@@ -99,7 +101,7 @@ def _config(*, binary: Path, workdir: Path, port: int, passive: tuple[int, int],
         # Many tests connect at once; failed-login tests must not wait.
         "MaxInstances 500",
         "MaxClients none",
-        "MaxClientsPerHost none",
+        f"MaxClientsPerHost {max_per_host or 'none'}",
         "MaxLoginAttempts 100",
         "DelayEngine off",
         "TimeoutIdle 600",
@@ -126,7 +128,7 @@ def _config(*, binary: Path, workdir: Path, port: int, passive: tuple[int, int],
 @contextmanager
 def running_proftpd(binary: Path, workdir: Path, *, passive: tuple[int, int],
                     tls: TLSMaterial | None = None, allow_overwrite: bool = True,
-                    label: str = "proftpd") -> Iterator[ServerInstance]:
+                    max_per_host: int | None = None, label: str = "proftpd") -> Iterator[ServerInstance]:
     """A ProFTPD on a free loopback port with one virtual user chrooted into a new root.
 
     Needs root.  The root directory is removed on exit, the server stopped.
@@ -146,7 +148,7 @@ def running_proftpd(binary: Path, workdir: Path, *, passive: tuple[int, int],
         port = free_port()
         config = workdir / "proftpd.conf"
         config.write_text(_config(binary=binary, workdir=workdir, port=port, passive=passive, tls=tls,
-                                  allow_overwrite=allow_overwrite))
+                                  allow_overwrite=allow_overwrite, max_per_host=max_per_host))
         server = ForegroundServer("proftpd", [str(binary), "-n", "-c", str(config)], port,
                                   workdir / "stderr.log")
         server.start()
@@ -183,3 +185,14 @@ def proftpd_no_overwrite_server(tmp_path_factory: pytest.TempPathFactory) -> Ite
                          passive=PASV_NO_OVERWRITE, allow_overwrite=False,
                          label="proftpd-no-overwrite") as p:
         yield p.handle("proftpd_no_overwrite")
+
+
+@pytest.fixture(scope="session")
+def proftpd_limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """ProFTPD as a careful partner runs it: MaxClientsPerHost 6 (a seventh login is refused with
+    530 at PASS) and a passive range of five ports."""
+    binary = proftpd_binary()
+    require_root("proftpd")
+    with running_proftpd(binary, tmp_path_factory.mktemp("proftpd-limited"), passive=PASV_FIVE_PORTS,
+                         max_per_host=6, label="proftpd-limited") as p:
+        yield p.handle("proftpd_limited")

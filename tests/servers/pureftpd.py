@@ -54,7 +54,8 @@ PACKAGES = "pure-ftpd"
 #: passive data ports per fixture: below the ephemeral range, apart from vsftpd's 27000-27999
 #: and ProFTPD's 28000-28999
 PASV_PLAIN = (29000, 29499)
-PASV_TLS = (29500, 29999)
+PASV_TLS = (29500, 29989)
+PASV_LIMITED = (29990, 29999)
 
 
 def pureftpd_binary() -> Path:
@@ -63,7 +64,8 @@ def pureftpd_binary() -> Path:
 
 @contextmanager
 def running_pureftpd(binary: Path, workdir: Path, *, passive: tuple[int, int],
-                     tls: TLSMaterial | None = None, label: str = "pureftpd") -> Iterator[ServerInstance]:
+                     tls: TLSMaterial | None = None, max_per_ip: int | None = None,
+                     label: str = "pureftpd") -> Iterator[ServerInstance]:
     """A pure-ftpd on a free loopback port with one virtual user chrooted into a new root.
 
     Needs root.  The root directory is removed on exit, the server stopped.
@@ -93,6 +95,8 @@ def running_pureftpd(binary: Path, workdir: Path, *, passive: tuple[int, int],
                 "-L", "100000:8",            # listings are not cut at 10,000 entries
                 "-I", "15",                  # idle minutes
                 "-g", str(workdir / "pure-ftpd.pid")]
+        if max_per_ip is not None:
+            argv += ["-C", str(max_per_ip)]
         if tls is None:
             argv += ["-Y", "0"]
         else:
@@ -122,3 +126,13 @@ def pureftpd_tls_server(tmp_path_factory: pytest.TempPathFactory,
     with running_pureftpd(binary, tmp_path_factory.mktemp("pureftpd-tls"), passive=PASV_TLS,
                           tls=tls_material, label="pureftpd-tls") as p:
         yield p.handle("pureftpd_tls", scheme="ftps", options={"ca_file": tls_material.ca_file})
+
+
+@pytest.fixture(scope="session")
+def pureftpd_limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """pure-ftpd with ``-C 6``: a seventh session from this address gets 421 Too many connections."""
+    binary = pureftpd_binary()
+    require_root("pure-ftpd")
+    with running_pureftpd(binary, tmp_path_factory.mktemp("pureftpd-limited"), passive=PASV_LIMITED,
+                          max_per_ip=6, label="pureftpd-limited") as p:
+        yield p.handle("pureftpd_limited")
