@@ -95,6 +95,10 @@ class EndpointConfig(_Frozen):
     redelivery_delay: float = Field(default=1.0, ge=0)
     #: how long a request waits for its response, seconds
     timeout: float = Field(default=30.0, gt=0)
+    #: priority of messages sent without one, 0 (lowest) to 9 (highest)
+    priority: int = Field(default=4, ge=0, le=9)
+    #: seconds a message sent without a ttl stays deliverable; none: it never expires
+    ttl: float | None = Field(default=None, gt=0)
     #: time zone of date letters in names (IANA name)
     timezone: str = "UTC"
     #: on shutdown, how long in-flight handlers may take before the node gives up on them
