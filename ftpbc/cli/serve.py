@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from types import FrameType
@@ -10,6 +13,7 @@ from types import FrameType
 import click
 
 from ftpbc.cli.common import config_option, load, node_id_option, setup_logging
+from ftpbc.config.models import Config
 from ftpbc.journal import Journal
 
 
@@ -20,9 +24,11 @@ from ftpbc.journal import Journal
 def serve(config_path: str, node_id: str | None, verbose: bool) -> None:
     """Serve every endpoint that has a handler, until SIGTERM or Ctrl-C.
 
-    Replays this node's journal first.  On SIGTERM/SIGINT it stops polling, lets in-flight
-    handlers finish within each endpoint's drain_timeout, releases its locks and exits 0
-    (1 if a handler was still running when the drain timeout ran out).
+    Replays this node's journal first; waits for servers that are not reachable yet.  On
+    SIGTERM/SIGINT it stops claiming, lets in-flight handlers finish within each endpoint's
+    drain_timeout, returns what is left unfinished to the inbox for other nodes, delivers
+    recorded results, and exits 0 (1 if a claim could not be returned).  A second signal exits
+    at once and leaves the rest to recovery at the next start.
     """
     from ftpbc.node.serve import Node
 
@@ -31,18 +37,28 @@ def serve(config_path: str, node_id: str | None, verbose: bool) -> None:
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            click.echo("ftpbc: second signal: exiting now; recovery finishes the rest at the next start",
+                       err=True)
+            os._exit(130)
         stop.set()
+        node.interrupt()  # a start-up still waiting for a server gives up
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     node.start()
     for action in node.recovered:
         click.echo(f"recovered {action}", err=True)
-    if not node.providers:
+    if not node.providers and not stop.is_set():
         click.echo("ftpbc: warning: no endpoint has a handler; nothing to serve", err=True)
     stop.wait()
-    drained = node.stop()
-    raise SystemExit(0 if drained else 1)
+    clean = node.stop()
+    # Handlers abandoned at the drain timeout may still run in worker threads, which the
+    # interpreter would wait for at exit; their claims are back in the box, so leave now.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if clean else 1)
 
 
 @click.command()
@@ -54,6 +70,9 @@ def recover(config_path: str, node_id: str | None) -> None:
     from ftpbc.node.serve import recover as run_recovery
 
     config = load(config_path, node_id)
+    if not _has_journal(config):
+        click.echo(f"0 operation(s) recovered for node {config.node.id}")
+        return
     runtime = Runtime(config)
     try:
         actions = run_recovery(runtime)
@@ -70,6 +89,7 @@ def recover(config_path: str, node_id: str | None) -> None:
 def journal(config_path: str, node_id: str | None) -> None:
     """List this node's pending journal operations (what recovery would act on)."""
     config = load(config_path, node_id)
+    _has_journal(config)
     directory = Path(config.node.journal_dir) / config.node.id
     pending = Journal.read_pending(Path(config.node.journal_dir), config.node.id)
     total = 0
@@ -79,3 +99,15 @@ def journal(config_path: str, node_id: str | None) -> None:
             where = op.fields.get("target") or op.fields.get("dst") or op.fields.get("claim", "")
             click.echo(f"{endpoint}\t{op.op_id}\t{' > '.join(op.events)}\t{where}")
     click.echo(f"{total} pending operation(s) in {directory}")
+
+
+def _has_journal(config: Config) -> bool:
+    """False, having said on stderr which node ids do have journals in journal_dir, when this
+    node has none (a typo, or another host's default id)."""
+    journal_dir = Path(config.node.journal_dir)
+    if (journal_dir / config.node.id).is_dir():
+        return True
+    known = sorted(p.name for p in journal_dir.iterdir() if p.is_dir()) if journal_dir.is_dir() else []
+    click.echo(f"ftpbc: no journal for node {config.node.id!r} in {journal_dir}; known node ids: "
+               f"{', '.join(known) or 'none'} (--node-id ID)", err=True)
+    return False

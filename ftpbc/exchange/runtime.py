@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from ftpbc.cluster.heartbeat import Heartbeat
+from ftpbc.cluster.liveness import Liveness
 from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.config.models import Config
 from ftpbc.errors import ConfigError
@@ -48,11 +49,15 @@ class Runtime:
                                durable=config.node.durable_journal)
         local, shared = config.sequence_dirs()
         self.sequences = SequenceStore(local, shared)
-        self.heartbeat = Heartbeat(Path(config.node.state_dir), self.node_id, config.node.heartbeat_interval)
+        #: the background loops of this process; the heartbeat stops when one is stuck
+        self.liveness = Liveness()
+        self.heartbeat = Heartbeat(Path(config.node.state_dir), self.node_id, config.node.heartbeat_interval,
+                                   health=self.liveness.health(config.node.lease / 2))
         self._connections = connections
         self._lock = threading.Lock()
         self._transports: dict[str, Transport] = {}
         self._lifecycles: dict[tuple[str, str], Lifecycle] = {}
+        self._recovered = False
 
     def transport(self, server: str) -> Transport:
         with self._lock:
@@ -152,7 +157,7 @@ class Runtime:
         id must not undo the Node's work in progress.
         """
         actions: list[Action] = []
-        if not self.journal.first:
+        if not self.journal.first or self._recovered:
             log.info("journal of node %s already open in this process; recovery left to its first user",
                      self.node_id)
             return actions
@@ -174,6 +179,7 @@ class Runtime:
             for key in [*config.endpoints, *(KEY_PREFIX + name for name in config.transfers)]:
                 for lc in self._group(key) or ():
                     actions.extend(recover_orphans(lc))
+        self._recovered = True  # a start retried after a server outage recovers until it succeeds
         return actions
 
     def _group(self, key: str) -> list[Lifecycle] | None:

@@ -15,9 +15,11 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from ftpbc.cluster.heartbeat import live_elsewhere
+from ftpbc.cluster.liveness import LoopGuard
 from ftpbc.cluster.poll_lock import PollLock
-from ftpbc.config.models import Config
-from ftpbc.errors import ConfigError
+from ftpbc.config.models import CLIENT_ID_RE, Config
+from ftpbc.errors import AuthenticationFailed, ConfigError
 from ftpbc.exchange.message import Message
 from ftpbc.exchange.recovery import Action
 from ftpbc.exchange.runtime import Runtime
@@ -52,6 +54,10 @@ def recover(runtime: Runtime, *, orphans: bool = True) -> list[Action]:
 
 class Node:
     def __init__(self, config: Config, handlers: dict[str, Handler] | None = None) -> None:
+        if CLIENT_ID_RE.search(config.node.id):
+            raise ConfigError(f"node id {config.node.id!r} has the form of a client identity "
+                              "(<id>.client<N>); give the serving node another id", key="node.id",
+                              file=config.source)
         self.config = config
         handlers = handlers or {}
         served = {name: ep for name, ep in config.endpoints.items() if ep.handler or name in handlers}
@@ -85,15 +91,45 @@ class Node:
         return self.config.node.id
 
     def start(self) -> None:
+        """Recover, then serve.  A server that is unreachable or refusing at start is waited
+        for (with backoff, a log line per kind of failure) until it answers or :meth:`stop` is
+        called; configuration errors and wrong credentials fail at once."""
+        other = live_elsewhere(Path(self.config.node.state_dir), self.node_id, self.config.node.lease)
+        if other is not None:
+            raise ConfigError(other, key="node.id", file=self.config.source)
+        self.runtime.heartbeat.start()
+        guard = LoopGuard("start-up", None, self._stop, first_wait=1.0, max_wait=30.0, logger=log)
+        while not self._stop.is_set():
+            ready = guard.run(self._prepare)
+            if ready:
+                break
+        if self._stop.is_set():
+            return
+        for poller in self.providers.values():
+            poller.start()
+        self._sweep_thread = threading.Thread(target=self._sweep_loop, name="sweeper", daemon=True)
+        self._sweep_thread.start()
+
+    def _prepare(self) -> bool:
+        """Recovery and every served area's directories; raises what the servers answer."""
+        try:
+            self.recovered = recover(self.runtime)
+            self._build()
+        except (AuthenticationFailed, ConfigError):
+            self._stop.set()
+            raise
+        return True
+
+    def _build(self) -> None:
+        self.providers, self.sweepers = {}, []  # a retried start builds afresh
         node = self.config.node
         state_dir = Path(node.state_dir)
-        self.runtime.heartbeat.start()
-        self.recovered = recover(self.runtime)
+        liveness = self.runtime.liveness
         for name, handler in self.handlers.items():
             ep = self.config.endpoints[name]
             inbound, outbound = self.runtime.endpoint_lifecycles(name)
             lock = PollLock(state_dir, name, ep.lock, holder=node.id, lease=node.lease)
-            self.providers[name] = Provider(name, ep, inbound, handler, lock)
+            self.providers[name] = Provider(name, ep, inbound, handler, lock, liveness=liveness)
             self.sweepers.append(Sweeper([inbound, outbound], state_dir, node.lease,
                                          uncollected_after=ep.uncollected_after))
             log.info("serving %s on %s%s (lock: %s, workers: %d, node: %s)", name,
@@ -101,42 +137,45 @@ class Node:
         for name, handler in self.transfer_handlers.items():
             tc = self.config.transfers[name]
             lc = self.runtime.transfer(name)
-            self.providers[name] = Provider(name, tc, lc, handler,
-                                            PollLock(state_dir, lc.layout.key, tc.lock, holder=node.id,
-                                                     lease=node.lease))
+            lock = PollLock(state_dir, lc.layout.key, tc.lock, holder=node.id, lease=node.lease)
+            self.providers[name] = Provider(name, tc, lc, handler, lock, liveness=liveness)
             self.sweepers.append(Sweeper([lc], state_dir, node.lease))
             log.info("serving transfer %s on %s%s (lock: %s, workers: %d, node: %s)", name,
                      self.config.servers[tc.server].display, tc.receive_from, tc.lock, tc.workers,
                      self.node_id)
-        for poller in self.providers.values():
-            poller.start()
-        self._sweep_thread = threading.Thread(target=self._sweep_loop, name="sweeper", daemon=True)
-        self._sweep_thread.start()
 
     def _sweep_loop(self) -> None:
         interval = self.config.node.lease / 3
+        guards = {s.endpoint: LoopGuard(f"sweeper {s.endpoint}", self.runtime.liveness, self._stop,
+                                        first_wait=0.0, max_wait=0.0, logger=log) for s in self.sweepers}
         while not self._stop.wait(interval):
             for s in self.sweepers:
-                try:
-                    s.sweep()
-                except Exception as exc:  # the sweeper never dies: log and go on next round
-                    log.warning("%s: sweep failed: %s: %s", s.endpoint, type(exc).__name__, exc)
+                guards[s.endpoint].run(s.sweep)  # never raises; a failed sweep waits for the next round
             self.sweeps += 1
+        for g in guards.values():
+            self.runtime.liveness.forget(g.loop)
+
+    def interrupt(self) -> None:
+        """Make a :meth:`start` that is waiting for servers give up (a signal arrived)."""
+        self._stop.set()
 
     def stop(self, drain_timeout: float | None = None) -> bool:
-        """Stop polling and drain; True if every in-flight handler finished in time."""
+        """Stop claiming and drain (see :meth:`Poller.stop`); True if nothing was left behind:
+        every in-flight message finished, or went back to its box for other nodes."""
         self._stop.set()
-        drained = True
+        clean = True
         for provider in self.providers.values():
             limit = provider.config.drain_timeout if drain_timeout is None else drain_timeout
-            drained = provider.stop(limit) and drained
+            clean = provider.stop(limit) and clean
         if self._sweep_thread is not None:
             self._sweep_thread.join(timeout=5)
-        # A node that did not drain keeps its heartbeat file: its claims stay its own until the
+        # A node that left claims behind keeps its heartbeat file: they stay its own until the
         # lease runs out or it restarts and recovers them.
-        self.runtime.heartbeat.stop(remove=drained)
+        self.runtime.heartbeat.stop(remove=clean)
         self.runtime.close()
-        return drained
+        log.info("node %s stopped%s", self.node_id,
+                 "" if clean else " (claims left for recovery or the lease)")
+        return clean
 
     def __enter__(self) -> Node:
         self.start()
