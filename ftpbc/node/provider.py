@@ -34,6 +34,7 @@ from ftpbc.exchange.layout import KEY_PREFIX as TRANSFER_KEY_PREFIX
 from ftpbc.exchange.layout import Candidate
 from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Lifecycle
 from ftpbc.exchange.message import Message, result_bytes
+from ftpbc.metrics import NULL_OBSERVER, EndpointObserver
 
 log = logging.getLogger("ftpbc.provider")
 
@@ -57,6 +58,8 @@ class ProviderStats:
     lost_races: int = 0
     lost_claims: int = 0
     polls: int = 0
+    #: time.monotonic() of the last poll that did not fail (0.0: none yet)
+    last_poll: float = 0.0
     latencies: list[float] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -93,6 +96,8 @@ class Poller:
         self.config = config
         self.poll_lock = poll_lock
         self.stats = ProviderStats()
+        #: where this poller reports its events (metrics: ftpbc.node.health attaches one)
+        self.observer: EndpointObserver = NULL_OBSERVER
         self._stop = threading.Event()
         self._guard = LoopGuard(f"poller {name}", liveness, self._stop, first_wait=config.poll_interval,
                                 logger=log)
@@ -148,6 +153,7 @@ class Poller:
             found = self._guard.run(self.poll_once)  # never raises: logs, backs off, goes on
             if found is None:
                 continue
+            self.stats.last_poll = time.monotonic()
             if found > 0:
                 idle_wait = min(FIRST_IDLE_WAIT, self.config.poll_interval)
                 self._refill_at = max(1, self._capacity // 2)
@@ -160,6 +166,11 @@ class Poller:
             idle_wait = min(idle_wait * 2, self.config.poll_interval)
         if self._liveness is not None:
             self._liveness.forget(self._guard.loop)
+
+    @property
+    def in_flight(self) -> int:
+        """Items claimed and not finished yet."""
+        return self._in_flight
 
     def _free_slots(self) -> int:
         """How many items to claim now; waits until at least ``_refill_at`` are free."""
@@ -278,7 +289,9 @@ class Provider(Poller):
         if self.in_place:
             # Read in place: only holding the lock keeps other nodes off these files.  A file
             # that could not be handled stays (held back a while) and counts 0.
-            picks = lc.waiting()[:free]
+            waiting = lc.waiting()
+            self.observer.listed(c.mtime for c in waiting)
+            picks = waiting[:free]
             claimed, _ = lc.claim(picks, "serve")
             return sum(1 for c in claimed if not self._stop.is_set() and self._serve_one(c))
         listed = False
@@ -294,6 +307,7 @@ class Provider(Poller):
                     break
                 self._backlog = deque(lc.waiting())
                 self._listed_at = time.monotonic()
+                self.observer.listed(c.mtime for c in self._backlog)
                 listed = True
                 if not self._backlog:
                     break
@@ -344,6 +358,8 @@ class Provider(Poller):
                 returned += 1
             except Exception as exc:  # left for the lease, or for this node's recovery
                 log.warning("%s: could not return %s at shutdown: %s", self.name, c.name, exc)
+        if returned:
+            self.observer.returned(returned)
         if handling:
             log.info("%s: returned %d unfinished claim(s) to %s for other nodes", self.name, returned,
                      self.lifecycle.layout.box)
@@ -370,7 +386,7 @@ class Provider(Poller):
         spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115
         with spool:
             try:
-                lc.read(claimed, spool)  # type: ignore[arg-type]
+                size = lc.read(claimed, spool)  # type: ignore[arg-type]
             except UnsafeEntry as exc:
                 outcome = lc.file_error(claimed, f"{type(exc).__name__}: {exc}")
                 log.warning("%s: %s is not a file it can read: %s", self.name, claimed.name, outcome)
@@ -385,17 +401,20 @@ class Provider(Poller):
                 what = self._retry(functools.partial(lc.read_failed, claimed, exc))
                 log.warning("%s: cannot read %s: %s; %s", self.name, claimed.name, exc, what)
                 return False
+            self.observer.received(size, claimed.candidate.mtime)
             env = claimed.candidate.envelope
             message = Message(self.name, claimed.name, env.headers.id, claimed.size, spool,  # type: ignore[arg-type]
                               dict(claimed.candidate.values), env.headers, env.properties)
             error: str | None = None
             result: bytes | None = None
+            handler_started = time.monotonic()
             try:
                 returned = self.handler(message)
                 result = None if returned is None and self.result_optional else result_bytes(returned)
             except Exception as exc:  # the handler is user code: any failure is its reply
                 error = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:2000]
                 log.warning("%s: handler failed on %s: %s", self.name, claimed.name, error)
+            self.observer.handled(time.monotonic() - handler_started)
         with self._active_lock:
             if claimed.op_id in self._abandoned:
                 log.info("%s: %s was handed back at shutdown; its result is dropped", self.name, claimed.name)
@@ -420,6 +439,7 @@ class Provider(Poller):
             self.stats.add(served=1 if error is None else 0, failed=1 if error is not None else 0)
             with self.stats.lock:
                 self.stats.latencies.append(time.monotonic() - started)
+            self.observer.completed(claimed.candidate.mtime, len(result or b""))
         return ok is not None
 
     @property

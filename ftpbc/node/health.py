@@ -1,0 +1,267 @@
+"""A node's HTTP endpoints for operators: ``/metrics`` (Prometheus), ``/healthz``, ``/readyz``.
+
+:func:`serve_metrics` starts a small HTTP server on a thread of its own for one
+:class:`~ftpbc.node.serve.Node` and returns a handle to stop it.  Nothing here changes what the
+node does: the figures are read from what it keeps anyway (its providers' counters, in-flight
+counts, journals, the liveness of its loops, its heartbeat file) when Prometheus scrapes, and
+each provider gets an observer (:mod:`ftpbc.metrics`) for the events that are only seen as they
+happen.  Every node has a :class:`~prometheus_client.CollectorRegistry` of its own.
+
+``/healthz``  200 while the process answers at all.
+``/readyz``   200 once the node serves and every background loop made progress within its own
+              interval (pollers: a few poll intervals; the sweeper: its round); 503 with the
+              stuck loops named otherwise.  Loops that fail or hang (a poll lock that raises, a
+              server that hangs) show here long before the heartbeat stops (half the lease).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Protocol
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ftpbc.cluster.liveness import Liveness
+from ftpbc.config.models import Config
+from ftpbc.metrics import NodeMetrics, PrometheusObserver
+from ftpbc.node.provider import Poller, Provider
+
+log = logging.getLogger("ftpbc.health")
+
+#: a poller is stuck after this many poll intervals without progress (and never under MIN_POLLER)
+POLLER_INTERVALS = 3.0
+#: seconds: a busy poller reports progress every 0.5 s while it waits for a free worker
+MIN_POLLER = 2.0
+
+
+class Watched(Protocol):
+    """What the metrics read of a node (:class:`~ftpbc.node.serve.Node` has it)."""
+
+    config: Config
+    providers: dict[str, Poller]
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def runtime(self) -> _RuntimeLike: ...
+
+
+class _RuntimeLike(Protocol):
+    @property
+    def liveness(self) -> Liveness: ...
+
+    @property
+    def heartbeat(self) -> object: ...
+
+
+# ---------------------------------------------------------------------------- readiness
+
+
+def loop_interval(node: Watched, loop: str) -> float:
+    """How long loop ``loop`` may go without progress before the node is not ready."""
+    config = node.config
+    kind, _, name = loop.partition(" ")
+    if kind == "poller":
+        provider = node.providers.get(name)
+        interval = provider.config.poll_interval if provider is not None else 1.0
+        return max(POLLER_INTERVALS * interval, MIN_POLLER)
+    if kind == "sweeper":
+        return 2 * config.node.lease / 3 + MIN_POLLER  # a sweep round is lease / 3
+    return config.node.lease / 2  # what the heartbeat itself tolerates
+
+
+def loop_ages(liveness: Liveness) -> list[tuple[str, float]]:
+    """Every watched loop with the seconds since its last progress."""
+    return liveness.stuck(-1.0)
+
+
+def not_ready(node: Watched) -> list[str]:
+    """Why the node is not ready; empty when it is."""
+    served = getattr(node, "handlers", None) or getattr(node, "transfer_handlers", None)
+    if served and not node.providers:
+        return ["starting: recovery or the servers are not done yet"]
+    return [f"{loop} made no progress for {age:.1f} s (allowed {loop_interval(node, loop):g} s)"
+            for loop, age in loop_ages(node.runtime.liveness) if age > loop_interval(node, loop)]
+
+
+# ---------------------------------------------------------------------------- the collector
+
+
+def heartbeat_age(heartbeat: object) -> float | None:
+    """Seconds since this node's heartbeat file was written; None if it has none (yet)."""
+    path = getattr(heartbeat, "path", None)
+    if not isinstance(path, Path):
+        return None
+    try:
+        return max(time.time() - path.stat().st_mtime, 0.0)
+    except OSError:
+        return None
+
+
+class NodeCollector(Collector):
+    """Figures read from a node at scrape time (counters it keeps, gauges of its state)."""
+
+    def __init__(self, node: Watched) -> None:
+        self.node = node
+
+    def describe(self) -> list[object]:
+        return []  # collected afresh each time: providers come and go with start and stop
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        node = self.node
+        nid = node.node_id
+        labels = ["endpoint", "node"]
+        counters = {
+            "served": CounterMetricFamily("ftpbc_messages_served", "Messages served and answered.",
+                                          labels=labels),
+            "failed": CounterMetricFamily("ftpbc_messages_failed",
+                                          "Messages whose handler raised (error reply sent).", labels=labels),
+            "expired": CounterMetricFamily("ftpbc_messages_expired",
+                                           "Messages found past their expiration and filed.", labels=labels),
+            "lost_claims": CounterMetricFamily("ftpbc_claims_lost",
+                                               "Claims this node lost after taking them (returned by "
+                                               "another node that thought it dead).", labels=labels),
+            "lost_races": CounterMetricFamily("ftpbc_claim_races_lost",
+                                              "Claims another node won first (normal with competing nodes).",
+                                              labels=labels),
+            "polls": CounterMetricFamily("ftpbc_polls", "Polls of the box under the poll lock.",
+                                         labels=labels),
+        }
+        in_flight = GaugeMetricFamily("ftpbc_in_flight_messages", "Messages claimed and not finished.",
+                                      labels=labels)
+        poll_age = GaugeMetricFamily("ftpbc_last_poll_age_seconds",
+                                     "Seconds since the last poll that did not fail.", labels=labels)
+        pending = GaugeMetricFamily("ftpbc_journal_pending_operations",
+                                    "Operations begun in this node's journal and not ended.", labels=labels)
+        now = time.monotonic()
+        for name, poller in list(node.providers.items()):
+            values = [name, nid]
+            stats = poller.stats
+            with stats.lock:
+                figures = {"served": stats.served, "failed": stats.failed, "lost_claims": stats.lost_claims,
+                           "lost_races": stats.lost_races, "polls": stats.polls}
+            figures["expired"] = int(getattr(poller, "expired", 0))
+            for key, family in counters.items():
+                family.add_metric(values, figures[key])
+            in_flight.add_metric(values, poller.in_flight)
+            if stats.last_poll:
+                poll_age.add_metric(values, max(now - stats.last_poll, 0.0))
+            if isinstance(poller, Provider):
+                try:
+                    pending.add_metric(values, len(poller.lifecycle.journal.pending()))
+                except Exception as exc:  # a scrape never fails over one figure
+                    log.debug("journal of %s: %s", name, exc)
+        yield from counters.values()
+        yield from (in_flight, poll_age, pending)
+        node_labels = ["node"]
+        heartbeat = GaugeMetricFamily("ftpbc_heartbeat_age_seconds",
+                                      "Seconds since this node's heartbeat was written.", labels=node_labels)
+        age = heartbeat_age(node.runtime.heartbeat)
+        heartbeat.add_metric([nid], math.nan if age is None else age)
+        yield heartbeat
+        loops = GaugeMetricFamily("ftpbc_loop_idle_seconds",
+                                  "Seconds since each background loop last made progress.",
+                                  labels=["loop", "node"])
+        for loop, idle in loop_ages(node.runtime.liveness):
+            loops.add_metric([loop, nid], idle)
+        yield loops
+        ready = GaugeMetricFamily("ftpbc_ready", "1 when /readyz answers 200.", labels=node_labels)
+        ready.add_metric([nid], 0.0 if not_ready(node) else 1.0)
+        yield ready
+
+
+# ---------------------------------------------------------------------------- the server
+
+
+@dataclass
+class MetricsServer:
+    """A running ``/metrics`` ``/healthz`` ``/readyz`` server: :meth:`close` stops it."""
+
+    node: Watched
+    registry: CollectorRegistry
+    metrics: NodeMetrics
+    server: ThreadingHTTPServer
+    thread: threading.Thread
+
+    @property
+    def host(self) -> str:
+        return str(self.server.server_address[0])
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def attach(self) -> None:
+        """Give every provider of the node an observer (providers are built when it starts)."""
+        for name, poller in list(self.node.providers.items()):
+            current = poller.observer
+            if not (isinstance(current, PrometheusObserver) and current.endpoint == name
+                    and current.metrics is self.metrics):
+                poller.observer = self.metrics.observer(name)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def serve_metrics(node: Watched, host: str = "127.0.0.1", port: int = 0) -> MetricsServer:
+    """Serve ``node``'s metrics and health over HTTP on ``host:port`` (0: any free port).
+
+    Call it after ``node.start()`` so that every provider reports its events from then on
+    (each scrape also attaches providers built later)."""
+    registry = CollectorRegistry(auto_describe=False)
+    metrics = NodeMetrics(registry, node.node_id)
+    registry.register(NodeCollector(node))
+    handle: MetricsServer
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "ftpbc"
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                handle.attach()
+                self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                self._reply(200, b"ok\n")
+            elif path == "/readyz":
+                why = not_ready(node)
+                body = ("ready\n" if not why else "not ready: " + "; ".join(why) + "\n").encode()
+                self._reply(503 if why else 200, body)
+            else:
+                self._reply(404, b"not found: try /metrics, /healthz or /readyz\n")
+
+        def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            log.debug("%s %s", self.address_string(), format % args)
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                              name=f"metrics-{node.node_id}", daemon=True)
+    handle = MetricsServer(node, registry, metrics, server, thread)
+    handle.attach()
+    thread.start()
+    log.info("metrics on http://%s:%d/metrics (health: /healthz, /readyz)", handle.host, handle.port)
+    return handle

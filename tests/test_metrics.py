@@ -1,0 +1,184 @@
+"""A node's /metrics, /healthz and /readyz, scraped over HTTP from a real node on a real server."""
+
+from __future__ import annotations
+
+import errno
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ftpbc.client import Client
+from ftpbc.errors import RemoteHandlerError
+from ftpbc.exchange.message import Message
+from ftpbc.node.health import MetricsServer, serve_metrics
+from ftpbc.node.serve import Node
+from tests.cluster import in_process_config
+from tests.servers.handle import ServerHandle
+from tests.support import wait_until
+
+
+def _handler(message: Message) -> bytes:
+    if message.body.startswith(b"fail"):
+        raise ValueError("asked to fail")
+    return b"re:" + message.body
+
+
+def _config(handle: ServerHandle, tmp_path: Path, node_id: str) -> Any:
+    marker = tmp_path / "area"
+    if not marker.exists():
+        marker.write_text(handle.fresh_dir())
+    cfg = in_process_config(handle, tmp_path, node_id, {"ep": {"repository": f"{marker.read_text()}/ep",
+                                                              "poll_interval": 0.02, "timeout": 20}})
+    return cfg.model_copy(update={"node": cfg.node.model_copy(update={"heartbeat_interval": 0.2,
+                                                                      "lease": 10.0})})
+
+
+@pytest.fixture
+def node_with_metrics(pyftpdlib_server: ServerHandle, tmp_path: Path) -> Iterator[tuple[Node, MetricsServer]]:
+    node = Node(_config(pyftpdlib_server, tmp_path, "prov"), handlers={"ep": _handler})
+    node.start()
+    server = serve_metrics(node, "127.0.0.1", 0)
+    try:
+        yield node, server
+    finally:
+        server.close()
+        node.stop(drain_timeout=2)
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _scrape(server: MetricsServer) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    status, text = _get(server.url + "/metrics")
+    assert status == 200
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    return samples[name, frozenset(labels.items())]
+
+
+def test_metrics_count_what_was_served(node_with_metrics: tuple[Node, MetricsServer],
+                                       pyftpdlib_server: ServerHandle, tmp_path: Path) -> None:
+    _, server = node_with_metrics
+    bodies = [f"body {i}".encode() for i in range(12)] + [b"fail 1", b"fail 2"]
+    with Client(_config(pyftpdlib_server, tmp_path, "cli")) as client:
+        for body in bodies:
+            if body.startswith(b"fail"):
+                with pytest.raises(RemoteHandlerError):
+                    client.request("ep", body)
+            else:
+                assert client.request("ep", body) == b"re:" + body
+    ep = {"endpoint": "ep", "node": "prov"}
+    # the failed requests' replies went out before the node counted them: wait for the counters
+    wait_until(lambda: _value(_scrape(server), "ftpbc_messages_failed_total", **ep) == 2,
+               what="the failed count")
+    samples = _scrape(server)
+    assert _value(samples, "ftpbc_messages_served_total", **ep) == 12
+    assert _value(samples, "ftpbc_messages_received_total", **ep) == 14
+    assert _value(samples, "ftpbc_received_bytes_total", **ep) == sum(len(b) for b in bodies)
+    assert _value(samples, "ftpbc_sent_bytes_total", **ep) == sum(len(b) + 3 for b in bodies[:12])
+    assert _value(samples, "ftpbc_handler_seconds_count", **ep) == 14
+    assert _value(samples, "ftpbc_message_latency_seconds_count", **ep) == 14
+    assert _value(samples, "ftpbc_message_latency_seconds_bucket", **ep, le="+Inf") == 14
+    assert _value(samples, "ftpbc_polls_total", **ep) > 0
+    assert _value(samples, "ftpbc_claims_lost_total", **ep) == 0
+    assert _value(samples, "ftpbc_claim_races_lost_total", **ep) == 0
+    assert _value(samples, "ftpbc_in_flight_messages", **ep) == 0
+    assert _value(samples, "ftpbc_inbox_messages", **ep) == 0
+    assert _value(samples, "ftpbc_journal_pending_operations", **ep) == 0
+    assert 0 <= _value(samples, "ftpbc_last_poll_age_seconds", **ep) < 5
+    assert 0 <= _value(samples, "ftpbc_heartbeat_age_seconds", node="prov") < 5
+    assert _value(samples, "ftpbc_loop_idle_seconds", loop="poller ep", node="prov") < 5
+    assert _value(samples, "ftpbc_ready", node="prov") == 1
+    assert _get(server.url + "/healthz") == (200, "ok\n")
+    assert _get(server.url + "/nothing")[0] == 404
+
+
+def test_metrics_see_a_backlog(pyftpdlib_server: ServerHandle, tmp_path: Path) -> None:
+    """Messages waiting that this node does not take (its workers are busy) are its inbox depth."""
+    import threading
+
+    release = threading.Event()
+
+    def slow(message: Message) -> bytes:
+        release.wait(20)
+        return b"ok"
+
+    cfg = _config(pyftpdlib_server, tmp_path, "busy")
+    cfg = cfg.model_copy(update={"endpoints": {"ep": cfg.endpoints["ep"].model_copy(update={"workers": 1})}})
+    node = Node(cfg, handlers={"ep": slow})
+    node.start()
+    server = serve_metrics(node)
+    try:
+        with Client(_config(pyftpdlib_server, tmp_path, "cli")) as client:
+            for i in range(4):
+                client.send("ep", f"m{i}".encode())
+            ep = {"endpoint": "ep", "node": "busy"}
+            wait_until(lambda: _value(_scrape(server), "ftpbc_in_flight_messages", **ep) == 1,
+                       what="one message in flight")
+            samples = _scrape(server)
+            assert _value(samples, "ftpbc_inbox_messages", **ep) >= 3
+            assert _value(samples, "ftpbc_inbox_oldest_message_age_seconds", **ep) >= 0
+            assert _value(samples, "ftpbc_journal_pending_operations", **ep) >= 1
+            release.set()
+            wait_until(lambda: _value(_scrape(server), "ftpbc_messages_served_total", **ep) == 4,
+                       timeout=30, what="all four served")
+    finally:
+        release.set()
+        server.close()
+        node.stop(drain_timeout=2)
+
+
+def test_readyz_turns_503_while_a_poller_is_stuck_and_200_after(
+        node_with_metrics: tuple[Node, MetricsServer], monkeypatch: pytest.MonkeyPatch) -> None:
+    node, server = node_with_metrics
+    wait_until(lambda: _get(server.url + "/readyz")[0] == 200, what="ready")
+    broken = {"on": True}
+    real = node.providers["ep"].poll_lock.attempt
+
+    def attempt(wait: float = 0.0) -> Any:
+        if broken["on"]:
+            raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+        return real(wait)
+
+    monkeypatch.setattr(node.providers["ep"].poll_lock, "attempt", attempt)  # this node's lock only
+    _, body = wait_until(lambda: (r := _get(server.url + "/readyz"))[0] == 503 and r,
+                              timeout=20, what="/readyz to say 503")
+    assert "poller ep made no progress" in body
+    assert _get(server.url + "/healthz")[0] == 200  # alive all the same
+    assert _value(_scrape(server), "ftpbc_ready", node="prov") == 0
+    broken["on"] = False
+    wait_until(lambda: _get(server.url + "/readyz")[0] == 200, timeout=40, what="/readyz to say 200 again")
+
+
+def test_two_nodes_in_one_process_have_registries_of_their_own(pyftpdlib_server: ServerHandle,
+                                                                tmp_path: Path) -> None:
+    nodes = [Node(_config(pyftpdlib_server, tmp_path, f"n{i}"), handlers={"ep": _handler}) for i in range(2)]
+    servers: list[MetricsServer] = []
+    try:
+        for node in nodes:
+            node.start()
+            servers.append(serve_metrics(node))
+        for i, server in enumerate(servers):
+            samples = _scrape(server)
+            assert ("ftpbc_messages_served_total", frozenset({"endpoint": "ep", "node": f"n{i}"}.items())) \
+                in samples
+            assert not any(dict(labels).get("node") == f"n{1 - i}" for _, labels in samples)
+    finally:
+        for server in servers:
+            server.close()
+        for node in nodes:
+            node.stop(drain_timeout=2)
