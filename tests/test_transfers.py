@@ -136,7 +136,8 @@ def test_handler_failure_goes_to_error_dir_with_reason(server: ServerHandle, tmp
         return m.body
 
     cfg = make_config(server, tmp_path, "n1", {"csv": {"receive_from": f"{base}/%*.csv",
-                                                       "send_to": f"{base}/sums/%f"}})
+                                                       "send_to": f"{base}/sums/%f",
+                                                       "error_reply": "message"}})
     with serving(cfg, {"csv": handler}):
         wait_until(lambda: (out / "sums" / "good.csv").exists()
                    and len(list((out / ".ftpbc-error").iterdir())) == 2,

@@ -105,6 +105,9 @@ class EndpointConfig(_Frozen):
     drain_timeout: float = Field(default=30.0, ge=0)
     #: responses nobody collects within this many seconds are archived and counted
     uncollected_after: float = Field(default=3600.0, gt=0)
+    #: what a failed handler's error reply and ``.reason`` say: type (its class and a reference
+    #: id; the text is in the node's log), message (the exception's text) or none (empty)
+    error_reply: Literal["type", "message", "none"] = "type"
 
     @field_validator("repository")
     @classmethod
@@ -240,6 +243,8 @@ class TransferConfig(_Frozen):
     #: time zone of date letters in names (IANA name)
     timezone: str = "UTC"
     drain_timeout: float = Field(default=30.0, ge=0)
+    #: what a failed handler's ``.reason`` in error_dir says: type, message or none (as for endpoints)
+    error_reply: Literal["type", "message", "none"] = "type"
 
     @field_validator("handler")
     @classmethod

@@ -35,6 +35,7 @@ from ftpbc.exchange.layout import Candidate
 from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Lifecycle
 from ftpbc.exchange.message import Message, result_bytes
 from ftpbc.metrics import NULL_OBSERVER, EndpointObserver
+from ftpbc.node.failure import DEFAULT_ERROR_REPLY, failure_reason
 
 log = logging.getLogger("ftpbc.provider")
 
@@ -412,8 +413,8 @@ class Provider(Poller):
                 returned = self.handler(message)
                 result = None if returned is None and self.result_optional else result_bytes(returned)
             except Exception as exc:  # the handler is user code: any failure is its reply
-                error = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:2000]
-                log.warning("%s: handler failed on %s: %s", self.name, claimed.name, error)
+                error = failure_reason(exc, getattr(self.config, "error_reply", DEFAULT_ERROR_REPLY),
+                                       logger=log, what=f"{self.name}: handler failed on {claimed.name}")
             self.observer.handled(time.monotonic() - handler_started)
         with self._active_lock:
             if claimed.op_id in self._abandoned:
