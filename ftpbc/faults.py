@@ -1,5 +1,8 @@
 """Fault injection: kill this process with SIGKILL at a named step, to test recovery.
 
+Also ``FTPBC_FAIL`` (see :data:`FAILURES`): errors injected at a rate, for the chaos test's
+nemesis (a flaky poll lock).
+
 Set ``FTPBC_CRASH_AT`` to a point name (``send.after-put``), optionally with ``@N`` to crash at
 the N-th time the point is reached (``serve.after-commit@3``).  Several points may be given,
 separated by commas.  Unset, :func:`crash_point` costs one dictionary lookup.
@@ -11,9 +14,12 @@ run the one lifecycle of :mod:`ftpbc.exchange.lifecycle`.
 
 from __future__ import annotations
 
+import errno
 import os
+import random
 import signal
 import threading
+from collections.abc import Callable
 
 POINTS = (
     # client: sending a request
@@ -43,6 +49,33 @@ def _parse(spec: str) -> dict[str, int]:
 
 
 _targets = _parse(os.environ.get("FTPBC_CRASH_AT", ""))
+
+#: errors ``FTPBC_FAIL=point=rate,...`` injects (``poll-lock=0.05``: one poll lock in twenty fails
+#: as flock does on an NFS mount without locks)
+FAILURES: dict[str, Callable[[], BaseException]] = {
+    "poll-lock": lambda: OSError(errno.ENOLCK, f"{os.strerror(errno.ENOLCK)} (injected by FTPBC_FAIL)"),
+}
+
+
+def _parse_rates(spec: str) -> dict[str, float]:
+    out = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, _, rate = item.partition("=")
+        if name not in FAILURES:
+            raise ValueError(f"FTPBC_FAIL: unknown point {name!r} (known: {', '.join(FAILURES)})")
+        out[name] = float(rate or 1)
+    return out
+
+
+_rates = _parse_rates(os.environ.get("FTPBC_FAIL", ""))
+_random = random.Random()
+
+
+def fail_point(name: str) -> None:
+    """Raise the injected error of ``name`` at the rate ``FTPBC_FAIL`` gives (unset: never)."""
+    rate = _rates.get(name)
+    if rate is not None and _random.random() < rate:
+        raise FAILURES[name]()
 
 
 def crash_point(name: str) -> None:

@@ -312,6 +312,8 @@ class NodeProcess:
         self.log = cluster.workdir / f"node-{node_id}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        #: environment every start of this node gets (e.g. injected faults)
+        self.extra_env: dict[str, str] = {}
         self._log_offset = 0
 
     def start(self, crash_at: str | None = None, **env: str) -> None:
@@ -320,7 +322,8 @@ class NodeProcess:
             self.proc = subprocess.Popen([*FTPBC, "serve", "-c", str(self.cluster.config), "--node-id",
                                           self.node_id], cwd=REPO, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=log,
-                                         env=self.cluster.env(self.node_id, crash_at, **env))
+                                         env=self.cluster.env(self.node_id, crash_at,
+                                                              **{**self.extra_env, **env}))
         self.starts += 1
 
     def ready(self) -> bool:
@@ -509,6 +512,9 @@ class Nemesis(threading.Thread):
         self.join(timeout=30)
 
 
+#: the nemesis's flaky poll lock: flock failing as on an NFS mount without locks
+FLAKY_POLL_LOCK = "poll-lock=0.05"
+
 #: a name with a line break: vsftpd's LIST then has a line that does not parse, other servers
 #: list a name no layout can use; either way every node must skip it and go on
 BAD_ENTRY = "junk\nsize=\u00b2;type=file; req.bogus"
@@ -633,6 +639,7 @@ def run_chaos(cluster: Cluster, *, requests: int, nodes: int = 3, clients: int =
     started = time.monotonic()
     procs = [NodeProcess(cluster, f"n{i}") for i in range(nodes)]
     for p in procs:
+        p.extra_env = {"FTPBC_FAIL": FLAKY_POLL_LOCK}  # one poll lock in twenty fails (ENOLCK)
         p.start()
     ledger = Ledger()
     stop = threading.Event()

@@ -38,6 +38,8 @@ def test_chaos(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Non
     assert result.nemesis.kills >= 5 and result.nemesis.server_restarts == 1
     assert result.nemesis.connection_cuts == 1
     assert result.nemesis.bad_entries == 1  # a listing line / name that cannot be used, skipped
+    logs = "".join(p.read_text(errors="replace") for p in cluster.workdir.glob("node-*.log"))
+    assert "injected by FTPBC_FAIL" in logs  # the flaky poll lock failed, and was ridden out
     assert v.requests >= REQUESTS
     assert v.lost == [], f"lost: {v.lost[:5]} ({report}) evidence: {result.evidence}"
     assert v.answered_twice == [], f"answered twice: {v.answered_twice[:5]} evidence: {result.evidence}"

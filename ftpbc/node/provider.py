@@ -34,6 +34,7 @@ from ftpbc.exchange.layout import KEY_PREFIX as TRANSFER_KEY_PREFIX
 from ftpbc.exchange.layout import Candidate
 from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Lifecycle
 from ftpbc.exchange.message import Message, result_bytes
+from ftpbc.faults import fail_point
 from ftpbc.metrics import NULL_OBSERVER, EndpointObserver
 from ftpbc.node.failure import DEFAULT_ERROR_REPLY, failure_reason
 
@@ -122,6 +123,7 @@ class Poller:
         free = min(self._free_slots(), self.config.max_per_poll)
         if free <= 0 or self._stop.is_set():
             return 0
+        fail_point("poll-lock")
         with self.poll_lock.attempt() as held:
             if not held:
                 return -1
