@@ -14,6 +14,7 @@ While requests are outstanding it polls soon after a poll that found nothing (ba
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import threading
@@ -22,6 +23,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import BinaryIO, Unpack
 
+from ftpbc.cluster.liveness import LoopGuard
 from ftpbc.config.loader import load_config
 from ftpbc.config.models import CLIENT_ID_RE, Config
 from ftpbc.errors import (
@@ -57,6 +59,9 @@ class _ResponsePoller:
         self._closed = False
         self._stranded = True  # a process that crashed with this node id may have left claims
         self._delivery: ThreadPoolExecutor | None = None
+        self._closing = threading.Event()
+        self._guard = LoopGuard(f"response poller {endpoint}", None, self._closing,
+                                first_wait=poll_interval, logger=log)
         self._thread = threading.Thread(target=self._run, name=f"responses-{endpoint}", daemon=True)
         self._thread.start()
 
@@ -83,13 +88,12 @@ class _ResponsePoller:
                 if self._closed:
                     return
                 wanted = set(self._waiters)
-            try:
-                found = self._poll(wanted)
-            except Exception as exc:  # the response poller never dies: log, back off, go on
-                log.warning("%s: response poll failed: %s: %s", self.endpoint, type(exc).__name__, exc)
+            # Never dies: any error is logged once per kind, and the guard backs off.  No liveness
+            # is reported: with nothing outstanding this loop is idle on purpose.
+            found = self._guard.run(functools.partial(self._poll, wanted))
+            if found is None:
                 self._stranded = True  # a claim may be left in outselect: finish it next poll
-                found = 0
-                delay = self.poll_interval
+                continue
             if found:
                 delay = FIRST_BACKOFF
                 continue
@@ -186,6 +190,7 @@ class _ResponsePoller:
         fut.set_result(result)
 
     def close(self) -> None:
+        self._closing.set()
         with self._cv:
             self._closed = True
             for fut in self._waiters.values():
