@@ -110,10 +110,10 @@ def producer(cl: Cluster, endpoint: str, body: str) -> subprocess.CompletedProce
 def test_three_nodes_answer_ftpbc_request_and_a_foreign_producer(cluster: Cluster,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     # ftpbc request, as the comment at the top of cluster.yaml shows
-    got = run_ftpbc("request", "-c", str(cluster.config), "--node-id", "client", "quote", "--data", "eurusd",
+    got = run_ftpbc("request", "-c", str(cluster.config), "quote", "--data", "eurusd",
                     env=cluster.env, cwd=cluster.workdir)
     assert (got.returncode, got.stdout) == (0, "EURUSD 1.0842"), got.stderr
-    failed = run_ftpbc("request", "-c", str(cluster.config), "--node-id", "client", "fail", "--data", "x",
+    failed = run_ftpbc("request", "-c", str(cluster.config), "fail", "--data", "x",
                        env=cluster.env, cwd=cluster.workdir)
     assert failed.returncode == 4
     assert re.search(r"RuntimeError \(ref [0-9a-f]{8}\)", failed.stderr), failed.stderr
