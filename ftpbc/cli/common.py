@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
+from ftpbc.cli import logs
 from ftpbc.config.loader import load_config
 from ftpbc.config.models import Config
 
@@ -28,14 +28,23 @@ def node_id_option(f: F) -> F:
 
 
 def load(config_path: str, node_id: str | None = None) -> Config:
-    return load_config(config_path, node_id=node_id)
+    config = load_config(config_path, node_id=node_id)
+    logs.set_node(config.node.id)  # json log lines carry it
+    return config
 
 
-def setup_logging(verbose: bool) -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("paramiko", "pyftpdlib"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+def setup_logging(verbose: bool, level: str | None = None, fmt: str | None = None) -> None:
+    """Logs on stderr, control characters escaped (:mod:`ftpbc.cli.logs`); ``level`` and ``fmt``
+    default to FTPBC_LOG_LEVEL and FTPBC_LOG_FORMAT, else info (debug if verbose) and text."""
+    logs.setup(level, fmt, verbose=verbose)
+
+
+def log_options(f: F) -> F:
+    """``--log-level`` and ``--log-format`` (default: FTPBC_LOG_LEVEL, FTPBC_LOG_FORMAT)."""
+    f = click.option("--log-format", type=click.Choice(logs.FORMATS), default=None,
+                     help="text (default) or json: one object per line.")(f)
+    return click.option("--log-level", type=click.Choice(logs.LEVELS), default=None,
+                        help="debug, info (default), warning or error.")(f)
 
 
 def read_body(data: str | None, file: str | None, stdin: bool) -> bytes:
