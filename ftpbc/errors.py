@@ -170,7 +170,27 @@ class IncompleteRead(TransportError):
     """
 
 
+class ReadPastSize(IncompleteRead, ProtocolError):
+    """A read went on past the size the listing gave (plus a small margin) and was stopped there.
+
+    An :class:`IncompleteRead` (the data cannot be trusted, nothing changed on the server) that
+    is also a :class:`ProtocolError`: the transfer was cut in the middle, so the session that
+    carried it is dropped, never reused.
+    """
+
+
 # --------------------------------------------------------------------------- messaging
+
+
+class MessageTooLarge(FtpbcError):
+    """A message body is larger than ``max_message_bytes``: refused before it is sent, or filed
+    in the error directory unread when a listing shows it that large."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        self.what = what
+        self.size = size
+        self.limit = limit
+        super().__init__(f"{what}: {size} bytes is more than max_message_bytes ({limit})")
 
 
 class RequestTimeout(FtpbcError):

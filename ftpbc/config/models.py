@@ -108,6 +108,9 @@ class EndpointConfig(_Frozen):
     #: what a failed handler's error reply and ``.reason`` say: type (its class and a reference
     #: id; the text is in the node's log), message (the exception's text) or none (empty)
     error_reply: Literal["type", "message", "none"] = "type"
+    #: bodies larger than this are refused at send (when their length is known) and, listed
+    #: larger, filed in the error directory unread; a read stops past the listed size
+    max_message_bytes: int = Field(default=1 << 30, ge=0)
 
     @field_validator("repository")
     @classmethod
@@ -245,6 +248,9 @@ class TransferConfig(_Frozen):
     drain_timeout: float = Field(default=30.0, ge=0)
     #: what a failed handler's ``.reason`` in error_dir says: type, message or none (as for endpoints)
     error_reply: Literal["type", "message", "none"] = "type"
+    #: bodies larger than this are refused at send (when their length is known) and, listed
+    #: larger, filed in the error directory unread; a read stops past the listed size
+    max_message_bytes: int = Field(default=1 << 30, ge=0)
 
     @field_validator("handler")
     @classmethod

@@ -46,6 +46,7 @@ from typing import BinaryIO
 
 from ftpbc.errors import (
     IncompleteRead,
+    MessageTooLarge,
     NotFound,
     OutcomeUnknown,
     PermissionDenied,
@@ -55,6 +56,7 @@ from ftpbc.errors import (
     UnsafeEntry,
 )
 from ftpbc.exchange.area import REASON_SUFFIX, archive_name
+from ftpbc.exchange.bounds import DEFAULT_MAX_MESSAGE_BYTES, READ_MARGIN, BoundedSink, check_body
 from ftpbc.exchange.envelope import Envelope, Headers
 from ftpbc.exchange.layout import Candidate, Commit, Layout, Outbound
 from ftpbc.faults import crash_point
@@ -144,6 +146,12 @@ class Lifecycle:
     def name(self) -> str:
         return self.layout.display
 
+    @property
+    def max_message_bytes(self) -> int:
+        """The layout's ``max_message_bytes`` (endpoints and transfers have it)."""
+        config = getattr(self.layout, "config", None)
+        return int(getattr(config, "max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES))
+
     # ------------------------------------------------------------------ setup
 
     def prepare(self) -> None:
@@ -181,6 +189,7 @@ class Lifecycle:
         # Not fsynced: written before the put, it survives a kill of this process (the page
         # cache outlives it); after a machine crash, recovery finds the stage file by the node
         # id in its name instead (recovery.recover_orphans).  Only results need fsync.
+        check_body(body, self.max_message_bytes, f"{self.name}: message for {out.target}")
         self.journal.record_many([(op_id, "send", {"kind": kind, **out.fields()})], durable=False)
         crash_point("send.after-intent")
         if out.stage:
@@ -300,8 +309,14 @@ class Lifecycle:
         even if the server said it succeeded, and a handler must not see half a message.
         """
         t = self.transport
+        limit = self.max_message_bytes
+        if claimed.size > limit:
+            raise MessageTooLarge(f"{t.server} {claimed.path}", claimed.size, limit)
+        bound = limit if claimed.size == UNKNOWN_SIZE else claimed.size + READ_MARGIN
+        listed = "no size" if claimed.size == UNKNOWN_SIZE else f"{claimed.size} bytes"
         try:
-            got = t.get(claimed.path, sink)
+            got = t.get(claimed.path, BoundedSink(sink, bound, server=t.server, path=claimed.path,
+                                                  listed=listed).as_binary())
         except UnsafeEntry:
             raise
         except NotFound:

@@ -29,7 +29,7 @@ from typing import Protocol, TypeVar
 
 from ftpbc.cluster.liveness import Liveness, LoopGuard
 from ftpbc.cluster.poll_lock import PollLock
-from ftpbc.errors import NotFound, TransportError, UnsafeEntry
+from ftpbc.errors import MessageTooLarge, NotFound, TransportError, UnsafeEntry
 from ftpbc.exchange.layout import KEY_PREFIX as TRANSFER_KEY_PREFIX
 from ftpbc.exchange.layout import Candidate
 from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Lifecycle
@@ -393,6 +393,11 @@ class Provider(Poller):
             except UnsafeEntry as exc:
                 outcome = lc.file_error(claimed, f"{type(exc).__name__}: {exc}")
                 log.warning("%s: %s is not a file it can read: %s", self.name, claimed.name, outcome)
+                self.stats.add(failed=1)
+                return False
+            except MessageTooLarge as exc:  # listed larger than max_message_bytes: filed unread
+                outcome = lc.file_error(claimed, f"{type(exc).__name__}: {exc}")
+                log.warning("%s: %s is too large to read: %s", self.name, claimed.name, outcome)
                 self.stats.add(failed=1)
                 return False
             except NotFound:

@@ -12,6 +12,9 @@ misbehaves in the one way it was told to (``behaviour``):
     the same, as fast as loopback goes (a few MiB at most, then it stalls);
 ``retr``
     logs in, and sends a RETR's (or a listing's) data one byte per ``interval``, for ever;
+``retr_flood``
+    logs in, and answers a RETR with ``FLOOD_RETR`` bytes (300 MiB) as fast as loopback goes,
+    whatever size the file was listed with;
 ``dele``
     logs in, and trickles its reply to DELE one byte per ``interval``;
 ``auth_inject``
@@ -48,6 +51,8 @@ import paramiko
 
 #: how much ``feat_flood`` sends before it stalls (a client without a reply limit buffers it all)
 FLOOD_LIMIT = 4 << 20
+#: what ``retr_flood`` sends for any RETR
+FLOOD_RETR = 300 << 20
 
 
 class _Threads:
@@ -104,7 +109,7 @@ def _shut(sock: socket.socket) -> None:
 class HostileFTPServer:
     def __init__(self, behaviour: str, *, interval: float = 0.25,
                  tls: tuple[Path, Path] | None = None) -> None:
-        if behaviour not in ("welcome", "feat", "feat_flood", "retr", "dele", "auth_inject"):
+        if behaviour not in ("welcome", "feat", "feat_flood", "retr", "retr_flood", "dele", "auth_inject"):
             raise ValueError(f"unknown behaviour {behaviour!r}")
         self.behaviour = behaviour
         self.interval = interval
@@ -118,6 +123,8 @@ class HostileFTPServer:
         self.url = f"ftp://tester@127.0.0.1:{self.port}/"
         #: commands received, in order (for assertions)
         self.commands: list[str] = []
+        #: retr_flood: bytes of the last RETR that went out before the client closed the connection
+        self.flooded = 0
         self._t.spawn(self._accept)
 
     def __enter__(self) -> HostileFTPServer:
@@ -199,6 +206,13 @@ class HostileFTPServer:
                 data_listener = self._t.track(socket.create_server(("127.0.0.1", 0)))
                 port = data_listener.getsockname()[1]
                 conn.sendall(f"227 Entering Passive Mode (127,0,0,1,{port >> 8},{port & 255})\r\n".encode())
+            elif verb == "RETR" and self.behaviour == "retr_flood" and data_listener is not None:
+                conn.sendall(b"150 here it comes, all of it\r\n")
+                data, _ = data_listener.accept()
+                self._t.track(data)
+                self.flooded = self._flood(data)
+                _shut(data)
+                conn.sendall(b"226 done\r\n")
             elif verb in ("RETR", "LIST", "MLSD") and data_listener is not None:
                 conn.sendall(b"150 here it comes, slowly\r\n")
                 data, _ = data_listener.accept()
@@ -215,6 +229,18 @@ class HostileFTPServer:
                 return
             else:
                 conn.sendall(b"502 not implemented\r\n")
+
+    def _flood(self, data: socket.socket) -> int:
+        """Send FLOOD_RETR bytes on ``data`` (until the client closes it); return how many went."""
+        chunk = b"x" * (1 << 20)
+        sent = 0
+        while sent < FLOOD_RETR and not self._t.stopped.is_set():
+            try:
+                data.sendall(chunk)
+            except OSError:
+                break
+            sent += len(chunk)
+        return sent
 
     def _endless_lines(self, conn: socket.socket, *, flood: bool) -> None:
         sent = 0
