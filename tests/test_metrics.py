@@ -182,3 +182,35 @@ def test_two_nodes_in_one_process_have_registries_of_their_own(pyftpdlib_server:
             server.close()
         for node in nodes:
             node.stop(drain_timeout=2)
+
+
+def test_node_metrics_configuration(pyftpdlib_server: ServerHandle, tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from ftpbc.config.models import NodeConfig
+    from ftpbc.node.health import serve_configured_metrics
+
+    assert NodeConfig().metrics is None
+    assert NodeConfig.model_validate({"metrics": {"port": 9464}}).metrics.port == 9464  # type: ignore[union-attr]
+    for bad in ({"port": 70000}, {"port": 1, "bind": "x"}, {}):
+        with pytest.raises(ValidationError):
+            NodeConfig.model_validate({"metrics": bad})
+    cfg = _config(pyftpdlib_server, tmp_path, "conf")
+    cfg = cfg.model_copy(update={"node": cfg.node.model_copy(update={
+        "metrics": NodeConfig.model_validate({"metrics": {"port": 0, "host": "127.0.0.1"}}).metrics})})
+    node = Node(cfg, handlers={"ep": _handler})
+    plain = Node(_config(pyftpdlib_server, tmp_path, "none"), {"ep": _handler})
+    try:
+        assert serve_configured_metrics(plain) is None
+    finally:
+        plain.stop()
+    server = serve_configured_metrics(node)
+    assert server is not None
+    try:
+        assert _get(server.url + "/healthz")[0] == 200
+        assert _get(server.url + "/readyz")[0] == 503  # not started yet
+        node.start()
+        wait_until(lambda: _get(server.url + "/readyz")[0] == 200, what="ready once started")
+    finally:
+        server.close()
+        node.stop(drain_timeout=2)

@@ -40,6 +40,15 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class MetricsConfig(_Frozen):
+    """``node.metrics``: where ``ftpbc serve`` answers /metrics, /healthz and /readyz."""
+
+    #: TCP port (0: any free port, logged at start)
+    port: int = Field(ge=0, le=65535)
+    #: address to listen on; loopback by default (the figures name endpoints and nodes)
+    host: str = "127.0.0.1"
+
+
 class NodeConfig(_Frozen):
     id: str = Field(default_factory=default_node_id)
     #: file locks, heartbeats and cluster-wide sequences: the same directory (NFS) on every node
@@ -52,6 +61,8 @@ class NodeConfig(_Frozen):
     lease: float = Field(default=60.0, gt=0)
     #: fsync journal records before the remote write they announce (off only for benchmarks)
     durable_journal: bool = True
+    #: serve Prometheus metrics and health checks over HTTP (``ftpbc serve --metrics-port``)
+    metrics: MetricsConfig | None = None
 
     @field_validator("id")
     @classmethod

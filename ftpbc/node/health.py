@@ -265,3 +265,14 @@ def serve_metrics(node: Watched, host: str = "127.0.0.1", port: int = 0) -> Metr
     thread.start()
     log.info("metrics on http://%s:%d/metrics (health: /healthz, /readyz)", handle.host, handle.port)
     return handle
+
+
+def serve_configured_metrics(node: Watched, port: int | None = None) -> MetricsServer | None:
+    """:func:`serve_metrics` on ``port`` (``--metrics-port``) or the configuration's
+    ``node.metrics``; None when neither asks for it."""
+    configured = node.config.node.metrics
+    if port is None:
+        if configured is None:
+            return None
+        port = configured.port
+    return serve_metrics(node, configured.host if configured is not None else "127.0.0.1", port)
