@@ -31,10 +31,11 @@ from ftpbc.errors import (
     JournalError,
     NotFound,
     RemoteHandlerError,
+    RequestExpired,
     RequestTimeout,
     TransportError,
 )
-from ftpbc.exchange.envelope import ERROR_TYPE
+from ftpbc.exchange.envelope import ERROR_TYPE, EXPIRED_TYPE
 from ftpbc.exchange.layout import AreaLayout, Candidate, PartnerLayout
 from ftpbc.exchange.lifecycle import Claimed, Lifecycle, op_id_for
 from ftpbc.exchange.runtime import MessageOptions, Runtime
@@ -176,6 +177,8 @@ class _ResponsePoller:
             lc.unclaim(claimed)
             return
         result = (buf.getvalue(), claimed.candidate.envelope.headers.type == ERROR_TYPE)
+        settle = functools.partial(_settle, fut, result, self.endpoint, uid,
+                                   claimed.candidate.envelope.headers.type == EXPIRED_TYPE)
         try:
             lc.finish_collect(claimed)
         except FtpbcError as exc:
@@ -183,11 +186,11 @@ class _ResponsePoller:
             # the caller its response.  Marked delivered only once handed over, so a crash before
             # that still returns the response to the outbox; the next poll archives it.
             log.warning("%s: read %s but could not archive it yet: %s", self.endpoint, claimed.name, exc)
-            fut.set_result(result)
+            settle()
             self._stranded = True
             lc.mark_delivered(claimed)
             return
-        fut.set_result(result)
+        settle()
 
     def close(self) -> None:
         self._closing.set()
@@ -362,6 +365,15 @@ class Client:
             p.close()
         self.runtime.heartbeat.stop()
         self.runtime.close()
+
+
+def _settle(fut: Future[tuple[bytes, bool]], result: tuple[bytes, bool], endpoint: str, uid: str,
+            expired: bool) -> None:
+    """Complete a caller's wait: with the response, or RequestExpired for an expiry reply."""
+    if expired:
+        fut.set_exception(RequestExpired(endpoint, uid, result[0].decode("utf-8", "replace").strip()))
+    else:
+        fut.set_result(result)
 
 
 def _correlation(c: Candidate) -> str:

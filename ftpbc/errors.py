@@ -203,6 +203,19 @@ class RequestTimeout(FtpbcError):
         super().__init__(f"endpoint {endpoint!r}: no response to {request_file} within {timeout:g} s")
 
 
+class RequestExpired(FtpbcError):
+    """The request expired (its ttl ran out) before a provider served it; a provider that found
+    it so sent this answer instead of calling its handler.  ``ftpbc request`` exits 5."""
+
+    exit_code = 5
+
+    def __init__(self, endpoint: str, request: str, reason: str) -> None:
+        self.endpoint = endpoint
+        self.request = request
+        self.reason = reason
+        super().__init__(f"endpoint {endpoint!r}: request {request} expired unserved: {reason}")
+
+
 class RemoteHandlerError(FtpbcError):
     """The provider's handler raised; ``reason`` is what it reported in the error reply."""
 

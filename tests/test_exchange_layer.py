@@ -27,7 +27,9 @@ from tests.servers.handle import ServerHandle
 from tests.support import wait_until
 
 FAST = {"poll_interval": 0.02, "workers": 2, "timeout": 20}
-DROPBOXMQ_NAME = "4.1140429201295000-9262574723.T.1140429211295.corr1283.TestQueue1.XYZType.prop1S=hello"
+#: DropboxMQ's documented example, its expiration moved from 2006 to 2100: an expired message is
+#: never delivered (docs/queues.md)
+DROPBOXMQ_NAME = "4.1140429201295000-9262574723.T.4102444800000.corr1283.TestQueue1.XYZType.prop1S=hello"
 
 
 class Seen:

@@ -10,7 +10,7 @@ import click
 
 from ftpbc.cli.common import F, config_option, load, node_id_option, read_body
 from ftpbc.cli.options import message_options, options_dict
-from ftpbc.errors import RequestTimeout
+from ftpbc.errors import RequestExpired, RequestTimeout
 
 
 def _body_options(f: F) -> F:
@@ -32,7 +32,8 @@ def request(config_path: str, node_id: str | None, endpoint: str, data: str | No
             properties: tuple[str, ...], correlation_id: str | None, message_type: str | None) -> None:
     """Send a request to ENDPOINT and print the response body.
 
-    Exits 3 when no response comes in time, 4 when the provider's handler failed.
+    Exits 3 when no response comes in time, 4 when the provider's handler failed, 5 when the
+    request expired (its ttl ran out) before a provider served it.
     """
     from ftpbc.client import Client
     from ftpbc.errors import RemoteHandlerError
@@ -54,6 +55,9 @@ def request(config_path: str, node_id: str | None, endpoint: str, data: str | No
         except RemoteHandlerError as exc:
             click.echo(f"ftpbc: error reply: {exc}", err=True)
             raise SystemExit(4) from None
+        except RequestExpired as exc:
+            click.echo(f"ftpbc: expired: {exc}", err=True)
+            raise SystemExit(5) from None
         except ValueError as exc:  # an option the endpoint cannot carry
             raise click.UsageError(str(exc)) from None
     sys.stdout.buffer.write(answer)

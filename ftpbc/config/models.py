@@ -110,6 +110,8 @@ class EndpointConfig(_Frozen):
     priority: int = Field(default=4, ge=0, le=9)
     #: seconds a message sent without a ttl stays deliverable; none: it never expires
     ttl: float | None = Field(default=None, gt=0)
+    #: messages found past their expiration go to inexpired (discard) or indead (dead_letter)
+    expired: Literal["discard", "dead_letter"] = "discard"
     #: time zone of date letters in names (IANA name)
     timezone: str = "UTC"
     #: on shutdown, how long in-flight handlers may take before the node gives up on them

@@ -8,6 +8,8 @@ A repository (``/exchange/quote``) holds, per the FTP BC spec::
     inarchive  requests served                         outarchive  responses collected
     inprotect  requests displaced by a newer one       outprotect  responses displaced
     inerror    requests whose handler failed           outerror    responses that could not be read
+    inexpired  requests past their expiration          (outexpired, outdead: made, unused)
+    indead     dead letters: exhausted deliveries, expired or overflowed, for ``ftpbc dlq``
 
 Names
     request           ``<request_prefix><expansion of message_name>``      ``req.<uuid>``
@@ -20,7 +22,8 @@ Names
                       Uncollected responses archived by a provider's sweep have the node id
                       ``uncollected``.
     failed request    ``<name>~<node-id>~<stamp>`` in ``inerror``, with the same name plus
-                      ``.reason`` beside it (UTF-8 text: the handler's exception).
+                      ``.reason`` beside it (UTF-8 text: the handler's exception).  Expired
+                      messages (``inexpired``) and dead letters (``indead``) are named alike.
     displaced file    ``<name>~<utc-timestamp>`` in the protect directory.
 
 Why the node id travels in the name
@@ -40,7 +43,7 @@ from ftpbc.paths import check_name, join, normalize
 
 Direction = Literal["in", "out"]
 
-KINDS = ("box", "stage", "select", "archive", "protect", "error")
+KINDS = ("box", "stage", "select", "archive", "protect", "error", "expired", "dead")
 
 CLAIM_SEPARATOR = "~"
 REASON_SUFFIX = ".reason"

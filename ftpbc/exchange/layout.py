@@ -137,6 +137,9 @@ class Layout(ABC):
     select: str | None
     #: where failed messages go, with ``<name>.reason`` beside
     error: str
+    #: where expired messages and dead letters go (None: this layout has none)
+    expired_dir: str | None = None
+    dead_dir: str | None = None
     #: staging directories this layout writes
     stages: tuple[str, ...] = ()
     #: staging directories whose files of this node are orphans once its journal is replayed
@@ -270,13 +273,20 @@ class Layout(ABC):
     def error_path(self, name: str, node_id: str, when: datetime) -> str:
         return join(self.error, archive_name(name, node_id, when))
 
+    def filed_path(self, directory: str | None, name: str, node_id: str, when: datetime) -> str:
+        """``<directory>/<name>~<node>~<stamp>`` (an expired message, a dead letter)."""
+        if directory is None:
+            raise ValueError(f"{self.display} has no such directory")
+        return join(directory, archive_name(name, node_id, when))
+
     @abstractmethod
     def commit(self, c: Candidate, node_id: str, when: datetime, *, error: bool) -> Commit:
         """Where a served (``error``: failed) message goes."""
 
     def reply(self, c: Candidate, node_id: str, when: datetime, op_id: str, *,
-              error: bool) -> Outbound | None:
-        """Where a handler's result (or error reply) for ``c`` goes; None: nowhere."""
+              error: bool, type: str | None = None) -> Outbound | None:
+        """Where a handler's result (or error reply; ``type``: a reply of that type) for ``c``
+        goes; None: nowhere."""
         return None
 
     def with_delivery_count(self, c: Candidate, count: int) -> str:
@@ -315,6 +325,8 @@ class AreaLayout(Layout):
         self.orphan_stages = self.stages if direction == "in" else ()
         self.archive_dir = self.area.dir(direction, "archive")
         self.protect_dir = self.area.dir(direction, "protect")
+        self.expired_dir = self.area.dir(direction, "expired")
+        self.dead_dir = self.area.dir(direction, "dead")
 
     def _uuid_of(self, base: str) -> str | None:
         m = self.request_pattern.match(base) or self.oneway_pattern.match(base)
@@ -339,11 +351,12 @@ class AreaLayout(Layout):
         """A file name for a message with these headers (``base``: the ftpbc codec's plain name)."""
         return check_name(self.codec.encode(base, headers, properties or {}))
 
-    def response_name(self, request: Envelope, node_id: str, *, error: bool) -> str:
+    def response_name(self, request: Envelope, node_id: str, *, error: bool, type: str | None = None) -> str:
         uid = request.headers.id
-        headers = Headers(id=uid, kind="response", correlation_id=uid,
-                          type=ERROR_TYPE if error else None, priority=request.headers.priority)
-        base = f"{self.config.response_prefix}{uid}{ERROR_REPLY_SUFFIX if error else ''}"
+        rtype = type if type is not None else ERROR_TYPE if error else None
+        headers = Headers(id=uid, kind="response", correlation_id=uid, type=rtype,
+                          priority=request.headers.priority)
+        base = f"{self.config.response_prefix}{uid}{ERROR_REPLY_SUFFIX if rtype == ERROR_TYPE else ''}"
         return self.name_for(headers, base=base)
 
     def outbound(self, name: str, node_id: str, when: datetime) -> Outbound:
@@ -359,11 +372,11 @@ class AreaLayout(Layout):
                       cleanup=not self.config.archive)
 
     def reply(self, c: Candidate, node_id: str, when: datetime, op_id: str, *,
-              error: bool) -> Outbound | None:
+              error: bool, type: str | None = None) -> Outbound | None:
         if self.direction != "in" or c.envelope.headers.kind != "request":
             return None
         out = self.area
-        name = self.response_name(c.envelope, node_id, error=error)
+        name = self.response_name(c.envelope, node_id, error=error, type=type)
         return Outbound(out.path("out", "box", name), out.path("out", "stage", claim_name(name, node_id)),
                         out.path("out", "protect", archive_name(name, node_id, when))
                         if self.config.protect else None)
@@ -497,7 +510,7 @@ class PartnerLayout(Layout):
         return Commit("")  # read in place: the delete is the commit
 
     def reply(self, c: Candidate, node_id: str, when: datetime, op_id: str, *,
-              error: bool) -> Outbound | None:
+              error: bool, type: str | None = None) -> Outbound | None:
         if error:
             return None
         if self.send_pattern is None:

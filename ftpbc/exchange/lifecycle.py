@@ -57,8 +57,9 @@ from ftpbc.errors import (
 )
 from ftpbc.exchange.area import REASON_SUFFIX, archive_name
 from ftpbc.exchange.bounds import DEFAULT_MAX_MESSAGE_BYTES, READ_MARGIN, BoundedSink, check_body
-from ftpbc.exchange.envelope import Envelope, Headers
+from ftpbc.exchange.envelope import EXPIRED_TYPE, Envelope, Headers
 from ftpbc.exchange.layout import Candidate, Commit, Layout, Outbound
+from ftpbc.exchange.policy import DEFAULT_POLICY, QueuePolicy
 from ftpbc.faults import crash_point
 from ftpbc.journal import EndpointJournal, Operation
 from ftpbc.transport.base import Transport
@@ -126,8 +127,12 @@ class Lifecycle:
 
     def __init__(self, layout: Layout, transport: Transport, journal: EndpointJournal, node_id: str, *,
                  max_deliveries: int = 5, redelivery_delay: float = 1.0,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 policy: QueuePolicy = DEFAULT_POLICY) -> None:
         self.layout = layout
+        self.policy = policy
+        #: expired messages the last listings found (name -> candidate), for take_expired
+        self._expired: dict[str, Candidate] = {}
         layout.reserve = len(archive_name("", node_id, datetime.now(UTC)).encode("utf-8"))
         self.transport = transport
         self.journal = journal
@@ -167,6 +172,8 @@ class Lifecycle:
     def waiting(self) -> list[Candidate]:
         """The messages waiting in the box, in delivery order, less those held back here."""
         found = self.layout.candidates(self.transport.list(self.layout.box))
+        if self.policy.expires:
+            found = self._leave_expired(found)
         held = self._held
         if held:
             now = time.monotonic()
@@ -176,6 +183,60 @@ class Lifecycle:
                 if held:
                     found = [c for c in found if c.name not in held]
         return found
+
+    def _leave_expired(self, found: list[Candidate]) -> list[Candidate]:
+        """``found`` less the messages past their expiration, which take_expired hands out."""
+        now = self.clock()
+        expired = [c for c in found if c.envelope.headers.expiration is not None
+                   and c.envelope.headers.expiration <= now]
+        if not expired:
+            return found
+        with self._lock:
+            if len(self._expired) >= MAX_HELD:
+                self._expired.clear()
+            self._expired.update((c.name, c) for c in expired)
+        gone = {c.name for c in expired}
+        return [c for c in found if c.name not in gone]
+
+    def is_expired(self, c: Candidate) -> bool:
+        exp = c.envelope.headers.expiration
+        return self.policy.expires and exp is not None and exp <= self.clock()
+
+    def take_expired(self, limit: int | None = None) -> list[Candidate]:
+        """Up to ``limit`` expired messages that listings found and nobody took yet."""
+        with self._lock:
+            names = list(self._expired)[:limit]
+            return [self._expired.pop(n) for n in names]
+
+    def record_expired(self, claimed: Claimed) -> dict[str, str]:
+        """Record that a claimed message expired (never to be delivered): it goes to the expired
+        directory, or the dead letters with ``expired: dead_letter``, with its reason beside
+        it, and a request's caller gets a reply of type EXPIRED_TYPE.  Finished like a served
+        message (:meth:`finish_served`), so recovery finishes it too."""
+        exp = claimed.candidate.envelope.headers.expiration
+        when = self.clock()
+        reason = (f"expired at {exp.isoformat(timespec='milliseconds') if exp else '?'}, found by node "
+                  f"{self.node_id} at {when.isoformat(timespec='milliseconds')}; never delivered")
+        layout = self.layout
+        directory = layout.dead_dir if self.policy.expired == "dead_letter" else layout.expired_dir
+        target = layout.filed_path(directory, claimed.name, self.node_id, when)
+        return self.record_served(claimed, None, error=reason, commit=Commit(target), reply_type=EXPIRED_TYPE)
+
+    def expire(self, picks: Sequence[Candidate]) -> int:
+        """Claim expired messages and file them (see :meth:`record_expired`); how many were.
+
+        For a sweep: one that cannot be finished now is left to this node's recovery."""
+        claimed, _ = self.claim(picks, "expire")
+        done = 0
+        for c in claimed:
+            try:
+                fields = self.record_expired(c)
+                if self.finish_served(c.op_id, fields, fresh=True):
+                    done += 1
+            except TransportError as exc:
+                log.warning("%s: %s expired but could not be filed yet (recovery will): %s",
+                            self.name, c.name, exc)
+        return done
 
     # ------------------------------------------------------------------ sending
 
@@ -272,7 +333,7 @@ class Lifecycle:
                 for c in picks]
         self.journal.record_many([(op, "claim", {"src": src, "dst": dst}) for _, op, src, dst in plan],
                                  durable=False)
-        serving = role == "serve"
+        serving = role != "collect"
         crash_point("claim.after-intent" if serving else "collect.after-intent")
         if layout.select is None:
             return [Claimed(c, src, op) for c, op, src, _ in plan], 0
@@ -404,21 +465,24 @@ class Lifecycle:
 
     # ------------------------------------------------------------------ serving
 
-    def record_served(self, claimed: Claimed, result: bytes | None, *, error: str | None) -> dict[str, str]:
+    def record_served(self, claimed: Claimed, result: bytes | None, *, error: str | None,
+                      commit: Commit | None = None, reply_type: str | None = None) -> dict[str, str]:
         """Durably record the handler's outcome and every name still to use; return the fields
         :meth:`finish_served` needs.
 
         ``error`` is the handler's failure reason (the message goes to the error directory; a
         requester gets an error reply).  ``result`` None means nothing to send.  Once this
         returns the handler must never run again for this message: recovery sends the result.
+        ``commit`` overrides where the message goes, ``reply_type`` the type of the error reply.
         """
         layout = self.layout
         when = self.clock()
-        commit = layout.commit(claimed.candidate, self.node_id, when, error=error is not None)
+        commit = commit or layout.commit(claimed.candidate, self.node_id, when, error=error is not None)
         fields = {"claim": claimed.path, "commit": commit.path, "request": claimed.name}
         if commit.cleanup:
             fields["cleanup"] = "1"
-        reply = (layout.reply(claimed.candidate, self.node_id, when, claimed.op_id, error=error is not None)
+        reply = (layout.reply(claimed.candidate, self.node_id, when, claimed.op_id, error=error is not None,
+                              type=reply_type)
                  if result is not None or error is not None else None)
         if reply is not None:
             fields.update(reply.fields())

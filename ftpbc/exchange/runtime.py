@@ -20,6 +20,7 @@ from ftpbc.errors import ConfigError
 from ftpbc.exchange.envelope import DEFAULT_PRIORITY, RESERVED_TYPE_PREFIX, Headers, Kind, PropertyValue
 from ftpbc.exchange.layout import KEY_PREFIX, AreaLayout, Direction, PartnerLayout
 from ftpbc.exchange.lifecycle import Lifecycle
+from ftpbc.exchange.policy import QueuePolicy
 from ftpbc.exchange.recovery import Action, recover_orphans, recover_pending
 from ftpbc.journal import Journal
 from ftpbc.patterns import ExpandContext, Pattern
@@ -77,7 +78,8 @@ class Runtime:
         if lc is None:
             lc = Lifecycle(AreaLayout(endpoint, ep, direction), self.transport(ep.server),
                            self.journal.endpoint(endpoint), self.node_id,
-                           max_deliveries=ep.max_deliveries, redelivery_delay=ep.redelivery_delay)
+                           max_deliveries=ep.max_deliveries, redelivery_delay=ep.redelivery_delay,
+                           policy=QueuePolicy.of(ep, direction))
             lc.prepare()
             with self._lock:
                 lc = self._lifecycles.setdefault(key, lc)

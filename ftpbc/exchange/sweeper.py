@@ -53,6 +53,7 @@ class Sweeper:
         self.lock = PollLock(state_dir, f"{self.endpoint}.sweep", "file", holder=self.node_id, lease=lease)
         self.uncollected = 0
         self.returned = 0
+        self.expired = 0
         self._dead: dict[str, bool] = {}
 
     def sweep(self) -> None:
@@ -78,6 +79,8 @@ class Sweeper:
                 self._each(lc, stage, self._staged_message)
         if self.uncollected_after is not None and len(self.lifecycles) > 1:
             self._archive_uncollected(self.lifecycles[1])
+        if inbound.policy.expires:
+            self._expire(inbound)
 
     def _each(self, lc: Lifecycle, directory: str, step: Callable[[Lifecycle, str, Entry], None]) -> None:
         """``step`` for every entry of ``directory``; one that fails is logged once and skipped."""
@@ -166,13 +169,27 @@ class Sweeper:
         layout = inbound.layout
         assert isinstance(layout, AreaLayout)
         out: dict[str, set[str]] = {}
-        for directory in (layout.archive_dir, layout.error):
+        filed = (layout.archive_dir, layout.error, layout.expired_dir, layout.dead_dir)
+        for directory in filter(None, filed):
             for e in _listing(inbound, directory):
                 name, node, _ = parse_archive_name(e.name)
                 cand = _decoded(layout, name)
                 if cand is not None and node:
                     out.setdefault(cand.uuid, set()).add(node)
         return out
+
+    # ------------------------------------------------------------------ expired messages
+
+    def _expire(self, inbound: Lifecycle) -> None:
+        """File the inbox's expired messages (those no consumer's selector takes included)."""
+        try:
+            inbound.waiting()
+        except NotFound:
+            return
+        filed = inbound.expire(inbound.take_expired())
+        if filed:
+            self.expired += filed
+            log.info("%s: %d expired message(s) filed", inbound.layout.display, filed)
 
     # ------------------------------------------------------------------ uncollected responses
 

@@ -275,6 +275,8 @@ class Provider(Poller):
         self._backlog: deque[Candidate] = deque()
         #: when the listing behind the backlog was made (time.monotonic)
         self._listed_at = 0.0
+        #: messages this node found expired and filed, never delivered
+        self.expired = 0
 
     def _poll_locked(self, free: int) -> int:
         """Claim up to ``free`` messages from the remembered backlog, listing the box if empty.
@@ -312,18 +314,43 @@ class Provider(Poller):
                 self._listed_at = time.monotonic()
                 self.observer.listed(c.mtime for c in self._backlog)
                 listed = True
+                self._expire_found(free)
                 if not self._backlog:
                     break
             picks = self._take(free - won)
             claimed, lost_now = lc.claim(picks, "serve")
             for c in claimed:
-                self._dispatch(functools.partial(self._serve_one, c), c.name)
+                # a remembered message may have expired since it was listed: never delivered
+                job = self._expire_one if lc.is_expired(c.candidate) else self._serve_one
+                self._dispatch(functools.partial(job, c), c.name)
             won += len(claimed)
             lost += lost_now
             tried += len(picks)
         if won == 0 and lost:
             self._backlog.clear()
         return self._claimed_count(won, lost)
+
+    def _expire_found(self, limit: int) -> None:
+        """Claim up to ``limit`` of the expired messages listings found; workers file them."""
+        lc = self.lifecycle
+        picks = lc.take_expired(limit)
+        if picks:
+            claimed, _ = lc.claim(picks, "expire")
+            for c in claimed:
+                self._dispatch(functools.partial(self._expire_one, c), c.name)
+
+    def _expire_one(self, claimed: Claimed) -> bool:
+        """File a claimed message that expired (inexpired or indead, a request's caller gets an
+        expiry reply) instead of serving it; True once done."""
+        lc = self.lifecycle
+        fields = lc.record_expired(claimed)
+        attempts = iter(range(1 << 30))
+        ok = self._retry(lambda: lc.finish_served(claimed.op_id, fields, fresh=next(attempts) == 0))
+        if ok:
+            self.expired += 1
+            log.info("%s: %s expired before it was delivered; filed in %s", self.name, claimed.name,
+                     fields["commit"].rsplit("/", 1)[0])
+        return ok is not None
 
     def _take(self, count: int) -> list[Candidate]:
         """``count`` files from the best part of the backlog, chosen at random within it.
