@@ -63,6 +63,9 @@ class ServerConfig(BaseModel):
     #: seconds over which ``min_transfer_rate`` is measured
     min_rate_window: float = Field(default=30.0, gt=0)
     pool_size: int = Field(default=4, ge=1, le=64)
+    #: a directory listing stops after this many entries (logged at WARNING): a server listing
+    #: without end cannot fill the node's memory
+    max_listing_entries: int = Field(default=2_000_000, ge=1)
 
     # Derived from url and the secret sources by the validator below; not to be set in YAML.
     scheme: Scheme = "ftp"

@@ -560,6 +560,9 @@ class FTPTransport(Transport):
         s.ftp.sendcmd(f"CWD {remote}")
 
     def _read_lines(self, s: _Session, command: str, path: str) -> builtins.list[str]:
+        """The lines of a listing; no more than ``max_listing_entries`` (+1, for LIST's "total")."""
+        limit = self.cfg.max_listing_entries + 1
+        count = 0
         with self._data(s, command, path, None) as conn:
             guard = self._guard(conn)
             raw = bytearray()
@@ -567,12 +570,28 @@ class FTPTransport(Transport):
             while n := conn.recv_into(buf):
                 _quickack(conn)
                 raw += view[:n]
+                count += raw.count(b"\n", len(raw) - n)
                 if guard is not None:
                     guard.add(n)
-            _unwrap(conn)
-        s.ftp.voidresp()
+                if count > limit:
+                    break
+            else:
+                _unwrap(conn)
+        if count > limit:
+            # Data connection closed early: the server answers 426 (or 226 if it had sent all).
+            try:
+                s.ftp.voidresp()
+            except ftplib.Error:
+                pass
+            log.warning("%s %s: listing stopped at %d entries (max_listing_entries)", self.server, path,
+                        self.cfg.max_listing_entries)
+        else:
+            s.ftp.voidresp()
         text = raw.decode("utf-8", errors="surrogateescape")
-        return [ln for ln in text.split("\r\n" if "\r\n" in text else "\n") if ln]
+        lines = [ln for ln in text.split("\r\n" if "\r\n" in text else "\n") if ln]
+        if count > limit:
+            lines = lines[:self.cfg.max_listing_entries]
+        return lines
 
     def _guard(self, conn: socket.socket) -> RateGuard | None:
         """The minimum-rate check for one transfer on ``conn``, None when it is off.

@@ -49,6 +49,7 @@ from __future__ import annotations
 import base64
 import errno
 import hashlib
+import logging
 import posixpath
 import socket
 import stat as statmod
@@ -69,8 +70,11 @@ from paramiko.sftp import (
     CMD_DATA,
     CMD_HANDLE,
     CMD_INIT,
+    CMD_NAME,
     CMD_OPEN,
+    CMD_OPENDIR,
     CMD_READ,
+    CMD_READDIR,
     CMD_STATUS,
     CMD_VERSION,
     CMD_WRITE,
@@ -104,6 +108,8 @@ from ftpbc.transport.base import Entry, Transport, normalize, stream_position
 from ftpbc.transport.errormap import DeadlineExceeded, Progress, RateGuard, translate_os_error
 from ftpbc.transport.pool import Pool
 
+log = logging.getLogger("ftpbc.sftp")
+
 T = TypeVar("T")
 
 CHUNK = 1 << 20
@@ -135,6 +141,37 @@ class _Status(IOError):
         super().__init__(eno or 0, text)
         self.code = code
         self.text = text
+
+
+def _listdir(c: paramiko.SFTPClient, remote: str, limit: int, server: str) -> list[paramiko.SFTPAttributes]:
+    """paramiko's ``listdir_attr``, stopped after ``limit`` entries (with a warning): a server
+    that lists without end cannot fill this node's memory."""
+    request = c._request  # type: ignore[attr-defined]  # private, not in the stubs
+    t, msg = request(CMD_OPENDIR, remote)
+    if t != CMD_HANDLE:
+        raise SFTPError("Expected handle")
+    handle = msg.get_binary()
+    found: list[paramiko.SFTPAttributes] = []
+    try:
+        while len(found) < limit:
+            try:
+                t, msg = request(CMD_READDIR, handle)
+            except EOFError:
+                break
+            if t != CMD_NAME:
+                raise SFTPError("Expected name response")
+            for _ in range(msg.get_int()):
+                filename = msg.get_text()
+                longname = msg.get_text()
+                attr = paramiko.SFTPAttributes._from_msg(msg, filename, longname)  # type: ignore[attr-defined]
+                if filename not in (".", ".."):
+                    found.append(attr)
+        else:
+            log.warning("%s %s: listing stopped at %d entries (max_listing_entries)", server, remote, limit)
+            del found[limit:]
+    finally:
+        request(CMD_CLOSE, handle)
+    return found
 
 
 class _Client(paramiko.SFTPClient):
@@ -647,7 +684,8 @@ class SFTPTransport(Transport):
         remote = self._remote(path)
 
         def op(c: _Client) -> list[Entry]:
-            return [_entry(a.filename, a) for a in c.listdir_attr(remote)]
+            return [_entry(a.filename, a) for a in _listdir(c, remote, self.cfg.max_listing_entries,
+                                                            self.server)]
 
         return self._run(path, op, timeout, repeatable=True)
 
