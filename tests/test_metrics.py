@@ -52,11 +52,14 @@ def node_with_metrics(pyftpdlib_server: ServerHandle, tmp_path: Path) -> Iterato
 
 
 def _get(url: str) -> tuple[int, str]:
+    """``(status, body)``; ``(0, why)`` when nothing listens there (yet)."""
     try:
         with urllib.request.urlopen(url, timeout=10) as reply:
             return reply.status, reply.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+    except urllib.error.URLError as exc:
+        return 0, str(exc.reason)
 
 
 def _scrape(server: MetricsServer) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -214,3 +217,49 @@ def test_node_metrics_configuration(pyftpdlib_server: ServerHandle, tmp_path: Pa
     finally:
         server.close()
         node.stop(drain_timeout=2)
+
+
+def test_ftpbc_serve_metrics_port_and_json_logs(pyftpdlib_server: ServerHandle, tmp_path: Path) -> None:
+    """The real command: ``ftpbc serve --metrics-port N --log-format json``."""
+    import json
+    import signal
+    import subprocess
+
+    from tests.chaos import ENDPOINT, FTPBC, REPO, load_client_config, make_cluster
+    from tests.support import free_port
+
+    handle = pyftpdlib_server
+    cluster = make_cluster(tmp_path / "w", url=handle.url, password=handle.password, options=handle.options,
+                           repository=handle.fresh_dir(), server_root=handle.root, drain_timeout=1.0)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([*FTPBC, "serve", "-c", str(cluster.config), "--node-id", "m",
+                                 "--metrics-port", str(port), "--log-format", "json", "--log-level", "info"],
+                                cwd=REPO, env=cluster.env("m"), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=out)
+    try:
+        wait_until(lambda: _get(url + "/readyz")[0] == 200 or proc.poll() is not None, timeout=30,
+                   what="the node ready")
+        assert proc.poll() is None, log.read_text()
+        with Client(load_client_config(cluster, "c0")) as client:
+            for i in range(3):
+                assert client.request(ENDPOINT, f"x{i}".encode()) == f"re:x{i}".encode()
+        labels = {"endpoint": ENDPOINT, "node": "m"}
+
+        def served() -> float:
+            status, text = _get(url + "/metrics")
+            assert status == 200
+            samples = {(s.name, frozenset(s.labels.items())): s.value
+                       for family in text_string_to_metric_families(text) for s in family.samples}
+            return _value(samples, "ftpbc_messages_served_total", **labels)
+
+        wait_until(lambda: served() == 3, what="three served in /metrics")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 0, log.read_text()
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    assert any(r["message"].startswith("metrics on http://127.0.0.1:") for r in records)
+    assert all(r["node"] == "m" for r in records)

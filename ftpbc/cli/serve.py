@@ -12,7 +12,7 @@ from types import FrameType
 
 import click
 
-from ftpbc.cli.common import config_option, load, node_id_option, setup_logging
+from ftpbc.cli.common import config_option, load, log_options, node_id_option, setup_logging
 from ftpbc.config.models import Config
 from ftpbc.journal import Journal
 
@@ -21,7 +21,11 @@ from ftpbc.journal import Journal
 @config_option
 @node_id_option
 @click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
-def serve(config_path: str, node_id: str | None, verbose: bool) -> None:
+@log_options
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve /metrics, /healthz and /readyz on this port (default: node.metrics).")
+def serve(config_path: str, node_id: str | None, verbose: bool, log_level: str | None,
+          log_format: str | None, metrics_port: int | None) -> None:
     """Serve every endpoint that has a handler, until SIGTERM or Ctrl-C.
 
     Replays this node's journal first; waits for servers that are not reachable yet.  On
@@ -32,7 +36,7 @@ def serve(config_path: str, node_id: str | None, verbose: bool) -> None:
     """
     from ftpbc.node.serve import Node
 
-    setup_logging(verbose)
+    setup_logging(verbose, log_level, log_format)
     node = Node(load(config_path, node_id))
     stop = threading.Event()
 
@@ -46,7 +50,12 @@ def serve(config_path: str, node_id: str | None, verbose: bool) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    from ftpbc.node.health import serve_configured_metrics
+
+    metrics = serve_configured_metrics(node, metrics_port)  # /healthz answers during start-up
     node.start()
+    if metrics is not None:
+        metrics.attach()  # the providers start() built report their events from now on
     for action in node.recovered:
         click.echo(f"recovered {action}", err=True)
     if not node.providers and not stop.is_set():

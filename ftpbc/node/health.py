@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 
 from ftpbc.cluster.liveness import Liveness
 from ftpbc.config.models import Config
+from ftpbc.errors import ConfigError
 from ftpbc.metrics import NodeMetrics, PrometheusObserver
 from ftpbc.node.provider import Poller, Provider
 
@@ -256,7 +257,11 @@ def serve_metrics(node: Watched, host: str = "127.0.0.1", port: int = 0) -> Metr
         def log_message(self, format: str, *args: object) -> None:
             log.debug("%s %s", self.address_string(), format % args)
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}",
+                          key="node.metrics", file=node.config.source) from None
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                               name=f"metrics-{node.node_id}", daemon=True)
