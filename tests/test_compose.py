@@ -4,6 +4,8 @@ its own FTP service with a shared state volume."""
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -15,9 +17,12 @@ import yaml
 from ftpbc.cli import cli
 from ftpbc.config.loader import load_config
 from tests.support import free_port, ftpbc_env, popen_ftpbc, run_ftpbc, wait_until
+from tests.test_metrics import exposed_metric_names
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
+#: services that watch the nodes (their own images, no ftpbc command)
+MONITORING = ("prometheus", "grafana")
 
 
 def compose() -> dict[str, Any]:
@@ -70,9 +75,11 @@ def host_path(service: dict[str, Any], container_path: str) -> Path | None:
 
 def test_compose_parses_and_declares_an_ftp_server_and_two_nodes() -> None:
     svc = services()
-    assert set(svc) >= {"ftp", "node-a", "node-b"}
+    assert set(svc) >= {"ftp", "node-a", "node-b", *MONITORING}
     assert set(compose()["volumes"]) >= {"state"}
     for name, service in svc.items():
+        if name in MONITORING:
+            continue
         assert isinstance(service.get("command"), list), name
         assert service["image"].startswith("python:3.11")
 
@@ -163,3 +170,55 @@ def test_the_ftp_service_command_serves_ftp(tmp_path: Path) -> None:
             proc.kill()
             proc.wait()
     assert "ftpd-test-pw" not in log.read_text()
+
+
+def _metric_names_in(text: str) -> set[str]:
+    return set(re.findall(r"\bftpbc_[a-z_]+", text))
+
+
+def test_prometheus_scrapes_every_node_on_its_metrics_port() -> None:
+    svc = services()
+    prometheus = svc["prometheus"]
+    assert prometheus["network_mode"] == "service:ftp"  # loopback is the nodes' loopback
+    [flag] = [a for a in prometheus["command"] if a.startswith("--config.file=")]
+    config_file = host_path(prometheus, flag.partition("=")[2])
+    assert config_file == (REPO / "examples" / "prometheus.yml").resolve()
+    config = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+    [job] = config["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    targets = {t for static in job["static_configs"] for t in static["targets"]}
+    ports = set()
+    for name in ("node-a", "node-b"):
+        ctx = parse_ftpbc(svc[name]["command"])
+        assert ctx.params["metrics_port"] is not None, f"{name} serves no metrics"
+        ports.add(ctx.params["metrics_port"])
+    assert len(ports) == 2  # one network namespace: a port each
+    assert targets == {f"127.0.0.1:{p}" for p in ports}
+    published = {p.split(":")[-1] for p in svc["ftp"]["ports"]}
+    assert {"9090", "3000"} <= published
+    # the rule files it loads are mounted, and every metric they use exists
+    for rule_file in config["rule_files"]:
+        source = host_path(prometheus, rule_file)
+        assert source is not None and source.is_file(), rule_file
+        rules = yaml.safe_load(source.read_text(encoding="utf-8"))
+        exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
+        assert exprs and all(_metric_names_in(e) <= exposed_metric_names() for e in exprs), exprs
+
+
+def test_grafana_dashboard_uses_only_metrics_that_exist() -> None:
+    grafana = services()["grafana"]
+    mounts = {str(target): source for target, source in bind_mounts(grafana).items()}
+    dashboard_file = mounts["/var/lib/grafana/dashboards/ftpbc.json"]
+    assert dashboard_file == (REPO / "examples" / "grafana-dashboard.json").resolve()
+    provider = yaml.safe_load(mounts["/etc/grafana/provisioning/dashboards/ftpbc.yml"].read_text())
+    assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+    datasource = yaml.safe_load(mounts["/etc/grafana/provisioning/datasources/ftpbc.yml"].read_text())
+    assert datasource["datasources"][0]["url"] == "http://127.0.0.1:9090"
+    dashboard = json.loads(dashboard_file.read_text(encoding="utf-8"))
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = set().union(*(_metric_names_in(e) for e in exprs))
+    known = exposed_metric_names()
+    assert used <= known, used - known
+    # every metric a node exposes is on the dashboard
+    assert {n.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum") for n in known} <= \
+        {n.removesuffix("_bucket") for n in used}

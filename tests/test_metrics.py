@@ -263,3 +263,38 @@ def test_ftpbc_serve_metrics_port_and_json_logs(pyftpdlib_server: ServerHandle, 
     records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     assert any(r["message"].startswith("metrics on http://127.0.0.1:") for r in records)
     assert all(r["node"] == "m" for r in records)
+
+
+def exposed_metric_names() -> set[str]:
+    """Every sample name a node's /metrics can carry (counters' ``_total``, histograms' parts)."""
+    from prometheus_client import CollectorRegistry
+
+    from ftpbc.cluster.liveness import Liveness
+    from ftpbc.config.models import Config
+    from ftpbc.metrics import NodeMetrics
+    from ftpbc.node.health import NodeCollector
+
+    class Runtime:
+        liveness = Liveness()
+        heartbeat = None
+
+    class Stub:
+        config = Config.model_validate({"servers": {"s": {"url": "file:///nonexistent"}}})
+        providers: dict[str, Any] = {}
+        node_id = "n"
+        runtime = Runtime()
+
+    registry = CollectorRegistry(auto_describe=False)
+    NodeMetrics(registry, "n")
+    registry.register(NodeCollector(Stub()))  # type: ignore[arg-type]
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+    return {f.name + suffix for f in registry.collect() for suffix in suffixes[f.type]}
+
+
+def test_docs_name_every_metric() -> None:
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "operating.md").read_text(encoding="utf-8")
+    names = exposed_metric_names()
+    assert len(names) > 20
+    for name in names:
+        base = name.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum")
+        assert f"`{base}`" in docs, f"docs/operating.md does not list {base}"
