@@ -12,7 +12,8 @@ from ftpbc.journal import Journal
 from ftpbc.journal import store as store_module
 from tests.chaos import ENDPOINT, Cluster, make_cluster, run_cli
 
-LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (\S+) (\S+)( \S+=\S*)*$")
+#: <time> <op id> <event> key=value... #<crc32 of what comes before " #">
+LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (\S+) (\S+)( \S+=\S*)* #[0-9a-f]{8}$")
 
 
 def test_records_are_one_readable_line_each(tmp_path: Path) -> None:
@@ -24,8 +25,8 @@ def test_records_are_one_readable_line_each(tmp_path: Path) -> None:
     lines = ep.path.read_text().splitlines()
     assert len(lines) == 2
     assert all(LINE.match(line) for line in lines), lines
-    assert lines[0].endswith(" u1.send send kind=request stage=/q/instage/req.u1~node-a "
-                             "target=/q/inbox/req.u1")
+    assert lines[0].rsplit(" #", 1)[0].endswith(" u1.send send kind=request stage=/q/instage/req.u1~node-a "
+                                                "target=/q/inbox/req.u1")
     # a space, a newline, '=' or '%' in a value never breaks the one-record-per-line format
     assert "a%20b%0Ac" in lines[1] and "x%3Dy%25" in lines[1]
     j.close()
@@ -79,7 +80,8 @@ def test_compaction_keeps_only_pending_operations(tmp_path: Path, monkeypatch: p
     j = Journal(tmp_path, "n")
     ep = j.endpoint(ENDPOINT)
     ep.record("keep.serve", "claim", durable=True, src="/q/inbox/req.keep", dst="/q/inselect/req.keep~n")
-    ep.record("keep.serve", "served", durable=True, claim="/q/inselect/req.keep~n", body="cmU6eA==")
+    ep.record("keep.serve", "served", durable=True, claim="/q/inselect/req.keep~n",
+              commit="/q/inarchive/req.keep", body="cmU6eA==")
     for i in range(5):  # the fifth end triggers the compaction
         ep.record(f"u{i}.send", "send", durable=True, stage="s", target="t")
         ep.end(f"u{i}.send")
@@ -166,3 +168,126 @@ def test_journal_command_lists_pending_and_recover_decides_them(cluster: Cluster
     assert run_cli(cluster, "recover", node_id="n1").stdout.splitlines() == [
         "0 operation(s) recovered for node n1"]
     assert cluster.pending() == {} and cluster.nonempty_journal_files() == []
+
+
+# ---------------------------------------------------------------------- the journal trusts no byte
+
+
+def _journal_with_two_sends(tmp_path: Path) -> Path:
+    j = Journal(tmp_path, "n")
+    ep = j.endpoint(ENDPOINT)
+    ep.record("u1.send", "send", durable=True, kind="request", stage="/q/instage/req.u1~n", target="/q/inbox/req.u1")
+    ep.record("u2.send", "send", durable=True, kind="request", stage="/q/instage/req.u2~n", target="/q/inbox/req.u2")
+    j.close()
+    return ep.path
+
+
+def _reopen(tmp_path: Path) -> list[store_module.Operation]:
+    j = Journal(tmp_path, "n")
+    try:
+        return j.endpoint(ENDPOINT).pending()
+    finally:
+        j.close()
+
+
+def _rewrite_line(path: Path, number: int, edit: object) -> None:
+    lines = path.read_bytes().split(b"\n")
+    lines[number - 1] = edit(lines[number - 1])  # type: ignore[operator]
+    path.write_bytes(b"\n".join(lines))
+
+
+def _with_crc(text: bytes) -> bytes:
+    import zlib
+    return b"%s #%08x" % (text, zlib.crc32(text))
+
+
+def test_a_damaged_record_stops_replay_naming_file_and_line(tmp_path: Path) -> None:
+    path = _journal_with_two_sends(tmp_path)
+    _rewrite_line(path, 1, lambda line: line.replace(b"req.u1", b"req.u9"))  # a flipped byte
+    with pytest.raises(store_module.JournalError) as info:
+        _reopen(tmp_path)
+    message = str(info.value)
+    assert f"{path}:1:" in message and "checksum" in message and "\n" not in message
+
+
+def test_a_record_cut_inside_its_body_is_never_replayed(tmp_path: Path) -> None:
+    j = Journal(tmp_path, "n")
+    ep = j.endpoint(ENDPOINT)
+    fields = ep.save_result("u1.serve", b"the whole response")
+    ep.record("u1.serve", "served", durable=True, claim="/q/inselect/req.u1~n", commit="/q/inarchive/req.u1",
+              target="/q/outbox/resp.u1", stage="/q/outstage/resp.u1~n", **fields)
+    ep.record("u2.send", "send", durable=True, stage="/q/instage/req.u2~n", target="/q/inbox/req.u2")
+    j.close()
+    # Cut the first record inside its body (as a lost tail of a write would), the next one intact.
+    _rewrite_line(ep.path, 1, lambda line: line[: line.index(b"body=") + 8])
+    with pytest.raises(store_module.JournalError, match=r":1: journal record .*\(damaged or cut\)"):
+        _reopen(tmp_path)
+
+
+def test_a_record_whose_checksum_holds_but_is_not_utf8_is_refused(tmp_path: Path) -> None:
+    path = _journal_with_two_sends(tmp_path)
+    _rewrite_line(path, 2, lambda line: _with_crc(line.rsplit(b" #", 1)[0].replace(b"req.u2", b"req.\xff2")))
+    with pytest.raises(store_module.JournalError, match=r":2: journal record is not UTF-8"):
+        _reopen(tmp_path)
+
+
+@pytest.mark.parametrize(("record", "expected"), [
+    (b"u3.x frobnicate src=a", "unknown journal event 'frobnicate'"),
+    (b"u3.serve claim src=/q/inbox/req.u3", "journal record 'claim' lacks dst"),
+    (b"u3.serve served claim=/q/inselect/req.u3~n target=/q/outbox/resp.u3 commit=/q/inarchive/req.u3",
+     "journal record 'served' lacks body"),
+    (b"u3.serve served claim=/q/inselect/req.u3~n body=eA==", "journal record 'served' lacks commit"),
+])
+def test_records_missing_what_their_event_needs_are_refused(tmp_path: Path, record: bytes,
+                                                            expected: str) -> None:
+    path = _journal_with_two_sends(tmp_path)
+    with open(path, "ab") as fh:
+        fh.write(_with_crc(b"2026-11-22T01:02:03.123Z " + record) + b"\n")
+    with pytest.raises(store_module.JournalError, match=re.escape(f"{path}:3: {expected}")):
+        _reopen(tmp_path)
+
+
+def test_a_journal_of_the_previous_release_is_read_and_rewritten_with_checksums(tmp_path: Path) -> None:
+    j = Journal(tmp_path, "n")
+    path = j.endpoint(ENDPOINT).path
+    j.close()
+    old = b"2026-11-22T01:02:03.123Z u0.send send stage=/q/instage/req.u0~n target=/q/inbox/req.u0\n"
+    path.write_bytes(old)
+    assert [o.op_id for o in _reopen(tmp_path)] == ["u0.send"]
+    # Opened for writing, the file was rewritten with checksums at once.
+    assert all(LINE.match(line) for line in path.read_text().splitlines()), path.read_text()
+    j = Journal(tmp_path, "n")
+    j.endpoint(ENDPOINT).record("u1.send", "send", durable=True, stage="/q/instage/req.u1~n",
+                                target="/q/inbox/req.u1")
+    j.close()
+    assert [o.op_id for o in _reopen(tmp_path)] == ["u0.send", "u1.send"]
+    with open(path, "ab") as fh:  # an unchecksummed record after checksummed ones: damage, not age
+        fh.write(old.replace(b"u0", b"u2"))
+        fh.write(_with_crc(b"2026-11-22T01:02:03.123Z u3.send send stage=s target=t") + b"\n")
+    with pytest.raises(store_module.JournalError, match=r":3: journal record without its checksum"):
+        _reopen(tmp_path)
+
+
+def test_a_damaged_side_file_result_is_never_delivered(tmp_path: Path) -> None:
+    ep = Journal(tmp_path, "n").endpoint(ENDPOINT)
+    body = b"y" * (store_module.INLINE_RESULT_LIMIT + 10)
+    fields = ep.save_result("big.serve", body)
+    (ep.results_dir / fields["body_file"]).write_bytes(body[:-3] + b"zzz")
+    with pytest.raises(store_module.JournalError, match="fails its checksum"):
+        ep.load_result(fields)
+
+
+def test_ftpbc_journal_names_the_damaged_line_and_fails(cluster: Cluster) -> None:
+    j = Journal(cluster.journal_dir, "n1")
+    ep = j.endpoint(ENDPOINT)
+    ep.record("u1.send", "send", durable=True, kind="request", stage="/q/instage/req.u1~n1",
+              target="/q/inbox/req.u1")
+    ep.record("u2.send", "send", durable=True, kind="request", stage="/q/instage/req.u2~n1",
+              target="/q/inbox/req.u2")
+    j.close()
+    _rewrite_line(ep.path, 1, lambda line: line.replace(b"request", b"requesT"))
+    for command in ("journal", "recover"):
+        r = run_cli(cluster, command, node_id="n1")
+        assert r.returncode != 0, (command, r.stdout, r.stderr)
+        errors = [line for line in r.stderr.splitlines() if line.strip()]
+        assert len(errors) == 1 and f"{ep.path}:1:" in errors[0] and "checksum" in errors[0], (command, r.stderr)

@@ -46,6 +46,7 @@ import stat
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -171,35 +172,117 @@ def _apply(pending: dict[str, Operation], op_id: str, event: str, fields: dict[s
     return False
 
 
+#: what each event's record must carry; an event not listed here is refused when read
+REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
+    "send": (),  # a send without its target was never started: recovery ends it
+    "claim": ("src", "dst"),
+    "served": (),  # and one of _COMMIT_FIELDS, and its body if it has a reply
+    "replay": ("src", "dst"),
+    "delivered": (),
+    "end": (),
+    # written by earlier releases; still read so that an upgrade finishes what they left
+    "exposing": (),
+    "received": (),
+}
+#: a ``served`` record carries where the claimed file goes under one of these names
+_COMMIT_FIELDS = ("commit", "archived", "commit_to")
+
+
+def _line(stamp: str, op_id: str, event: str, fields: dict[str, str]) -> bytes:
+    """One record as written: its text, then `` #`` and the CRC32 of that text (8 hex digits)."""
+    text = (f"{stamp} {op_id} {event} {_encode(fields)}" if fields
+            else f"{stamp} {op_id} {event}").encode("utf-8")
+    return b"%s #%08x\n" % (text, zlib.crc32(text))
+
+
+def _check_record(path: Path, number: int, event: str, fields: dict[str, str]) -> None:
+    """Refuse a record whose event is unknown or that lacks a field its event needs."""
+    required = REQUIRED_FIELDS.get(event)
+    if required is None:
+        raise JournalError(f"{path}:{number}: unknown journal event {event!r}")
+    missing = [k for k in required if k not in fields]
+    if event == "served":
+        if not any(k in fields for k in _COMMIT_FIELDS):
+            missing.append("commit")
+        # A reply was recorded: its body must be there (inline or in results/), never taken as empty.
+        if ("target" in fields or "resp_target" in fields) and "body" not in fields \
+                and "body_file" not in fields:
+            missing.append("body")
+    if missing:
+        raise JournalError(f"{path}:{number}: journal record {event!r} lacks {', '.join(missing)}")
+
+
+def _has_checksum(raw: bytes) -> bool:
+    # Values are %-encoded (no space), so only the checksum makes a record end in " #<8 chars>".
+    return raw[-10:-8] == b" #"
+
+
+def is_legacy(lines: list[bytes]) -> bool:
+    """True for the records of a journal file written by the previous release: some record, and
+    no checksum on any of them."""
+    records = [raw for raw in lines if raw.strip()]
+    return bool(records) and not any(_has_checksum(raw) for raw in records)
+
+
 def parse_journal(path: Path, *, repair: bool = False) -> dict[str, Operation]:
     """The pending operations recorded in journal file ``path`` (empty if it does not exist).
 
     A last record without its newline was torn by a kill mid-write, so before its remote step:
     it is ignored, and with ``repair`` cut off the file, or the next append would be glued to it.
+
+    Every other record must be whole: its checksum right, its text UTF-8, its event known and
+    the fields that event needs present.  The first record that is not raises a one-line
+    JournalError naming the file and the line; nothing after it is guessed at.
+
+    A file of the previous release has no checksum on any record and is read as such (opening it
+    for writing rewrites it with checksums at once).  A file with one checksummed record is of
+    this release throughout: a record without its checksum there is damage, not age.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         return {}
     except OSError as exc:
         raise JournalError(f"{path}: cannot read journal: {exc.strerror}") from None
-    if text and not text.endswith("\n"):
-        text = text[: text.rfind("\n") + 1]
+    if data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
         if repair:
             try:
                 with open(path, "r+b") as fh:
-                    fh.truncate(len(text.encode("utf-8")))
+                    fh.truncate(len(data))
             except OSError as exc:
                 raise JournalError(f"{path}: cannot cut torn record: {exc.strerror}") from None
     pending: dict[str, Operation] = {}
-    for number, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
+    lines = data.split(b"\n")
+    checked = not is_legacy(lines)
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
+        if not checked:
+            body = raw  # the whole file was written by the previous release
+        elif _has_checksum(raw):
+            body = raw[:-10]
+            try:
+                ok = int(raw[-8:], 16) == zlib.crc32(body)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise JournalError(f"{path}:{number}: journal record fails its checksum (damaged or cut): "
+                                   f"{raw[:80]!r}")
+        else:
+            raise JournalError(f"{path}:{number}: journal record without its checksum (damaged or cut): "
+                               f"{raw[:80]!r}")
+        try:
+            line = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise JournalError(f"{path}:{number}: journal record is not UTF-8: {raw[:80]!r}") from None
         parts = line.split(" ")
-        if len(parts) < 3:
+        if len(parts) < 3 or not parts[1] or any("=" not in p for p in parts[3:]):
             raise JournalError(f"{path}:{number}: unreadable journal record {line[:80]!r}")
         _, op_id, event, *rest = parts
-        _apply(pending, op_id, event, _decode(rest))
+        fields = _decode(rest)
+        _check_record(path, number, event, fields)
+        _apply(pending, op_id, event, fields)
     return pending
 
 
@@ -221,6 +304,8 @@ class EndpointJournal:
         self._pending: dict[str, Operation] = {}
         self._ended_since_compaction = 0
         self._load()
+        if self._pending and self._legacy():
+            self._rewrite()  # every record from here on carries its checksum (see parse_journal)
         try:
             # Unbuffered binary: one write() system call per record batch and nothing else (a text
             # file's encode, flush, tell and seek cost as much again, per record).
@@ -234,6 +319,12 @@ class EndpointJournal:
 
     def _load(self) -> None:
         self._pending = parse_journal(self.path, repair=True)
+
+    def _legacy(self) -> bool:
+        try:
+            return is_legacy(self.path.read_bytes().split(b"\n"))
+        except OSError:
+            return False
 
     def _apply(self, op_id: str, event: str, fields: dict[str, str]) -> None:
         if _apply(self._pending, op_id, event, fields):
@@ -255,8 +346,7 @@ class EndpointJournal:
         if not records:
             return
         stamp = _now()
-        data = "".join(f"{stamp} {op_id} {event} {_encode(fields)}\n".replace(" \n", "\n")
-                       for op_id, event, fields in records).encode("utf-8")
+        data = b"".join([_line(stamp, op_id, event, fields) for op_id, event, fields in records])
         with self._lock:
             try:
                 done = 0
@@ -340,20 +430,24 @@ class EndpointJournal:
             return
         if self._ended_since_compaction < COMPACT_EVERY:
             return
-        tmp = self.path.with_suffix(".compact")
-        with open(_open_private(tmp, os.O_WRONLY | os.O_TRUNC), "w", encoding="utf-8") as out:
-            stamp = _now()
-            for op in self._pending.values():
-                for event in op.events:
-                    out.write(f"{stamp} {op.op_id} {event} {_encode(op.fields)}\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, self.path)
+        self._rewrite()
         self._fh.close()
         self._fh = open(_open_private(self.path, os.O_WRONLY | os.O_APPEND), "ab",  # noqa: SIM115
                         buffering=0)
         self._size = os.fstat(self._fh.fileno()).st_size
         self._ended_since_compaction = 0
+
+    def _rewrite(self) -> None:
+        """Replace the file by the records of the pending operations only (fsynced, renamed)."""
+        tmp = self.path.with_suffix(".compact")
+        with open(_open_private(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as out:
+            stamp = _now()
+            for op in self._pending.values():
+                for event in op.events:
+                    out.write(_line(stamp, op.op_id, event, op.fields))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, self.path)
 
     # ------------------------------------------------------------------ results
 
@@ -361,6 +455,9 @@ class EndpointJournal:
         """Fields that keep ``body`` durable: inline (base64) when small, else a side file.
 
         The side file is fsynced here; the record that names it must be written durably after.
+        Its CRC32 goes into the record (``body_crc``), so a damaged side file is refused by
+        :meth:`load_result` instead of being delivered (an inline body is covered by the
+        record's own checksum).
         """
         if len(body) <= INLINE_RESULT_LIMIT:
             return {"body": base64.b64encode(body).decode("ascii")}
@@ -372,16 +469,21 @@ class EndpointJournal:
             fh.flush()
             if self.durable:
                 os.fsync(fh.fileno())
-        return {"body_file": path.name}
+        return {"body_file": path.name, "body_crc": f"{zlib.crc32(body):08x}"}
 
     def load_result(self, fields: dict[str, str]) -> bytes:
         if "body" in fields:
             return base64.b64decode(fields["body"])
         if "body_file" in fields:
+            path = self.results_dir / fields["body_file"]
             try:
-                return (self.results_dir / fields["body_file"]).read_bytes()
+                body = path.read_bytes()
             except OSError as exc:
-                raise JournalError(f"{self.results_dir / fields['body_file']}: {exc.strerror}") from None
+                raise JournalError(f"{path}: {exc.strerror}") from None
+            # Side files of the previous release carry no checksum; they are taken as written.
+            if "body_crc" in fields and f"{zlib.crc32(body):08x}" != fields["body_crc"]:
+                raise JournalError(f"{path}: recorded result fails its checksum (damaged): not delivered")
+            return body
         return b""
 
     def drop_result(self, name: str) -> None:
