@@ -18,11 +18,14 @@ Definitions (docs/aggregate.md has the long form):
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -52,15 +55,33 @@ def session(master: str = "local[*]", app: str = "ftpbc-aggregate",
                # few dozen files on a direct listing read.
                .config("spark.sql.files.openCostInBytes", "4096")
                .config("spark.sql.sources.parallelPartitionDiscovery.threshold", "1000000"))
-    if master.startswith("local"):
-        # Loopback only: a local run has no reason to listen on the machine's other interfaces.
-        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress",
-                                                                             "127.0.0.1")
-    for k, v in (extra or {}).items():
+    conf = {**defaults(master, os.environ), **(extra or {})}
+    # PySpark sends its Python workers' interpreter from the driver's PYSPARK_PYTHON (read when
+    # the context starts), not from spark.pyspark.python: the two are made to agree here.
+    os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
+    for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def defaults(master: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """Settings that depend on where the job runs (``--conf`` overrides any of them).
+
+    * Executors run the driver's interpreter (``spark.pyspark.python`` = ``sys.executable``)
+      unless ``PYSPARK_PYTHON`` says otherwise: left alone, Spark's Python workers start the
+      first ``python3`` on each executor's PATH, which may lack ftpbc or be another version.
+      On a cluster whose executors keep Python elsewhere, set ``PYSPARK_PYTHON`` or
+      ``--conf spark.pyspark.python=/path``.
+    * A local run, or a cluster master on loopback (``spark://127.0.0.1:7077``), binds the
+      driver to 127.0.0.1: nothing outside this machine needs to reach it.
+    """
+    out = {"spark.pyspark.python": environ.get("PYSPARK_PYTHON") or sys.executable}
+    host = urlsplit(master).hostname if "://" in master else None
+    if master.startswith("local") or host in ("127.0.0.1", "localhost", "::1"):
+        out["spark.driver.host"] = out["spark.driver.bindAddress"] = "127.0.0.1"
+    return out
 
 
 def read_inputs(spark: SparkSession, inputs: Sequence[Input], namings: Mapping[str, Mapping[str, str]],
