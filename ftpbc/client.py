@@ -35,6 +35,7 @@ from ftpbc.errors import (
     RequestTimeout,
     TransportError,
 )
+from ftpbc.exchange.deadletter import DeadLetters
 from ftpbc.exchange.envelope import ERROR_TYPE, EXPIRED_TYPE
 from ftpbc.exchange.layout import AreaLayout, Candidate, PartnerLayout
 from ftpbc.exchange.lifecycle import Claimed, Lifecycle, op_id_for
@@ -291,6 +292,11 @@ class Client:
         assert isinstance(lc.layout, AreaLayout)
         out = lc.layout.outbound(name, self.runtime.node_id, lc.clock())
         return lc.send(out, _bytes(body), op_id=op_id_for(uid, "send"), kind=kind)
+
+    def dead_letters(self, endpoint: str) -> DeadLetters:
+        """The dead letters of ``endpoint``: list (with a selector), body, replay, purge
+        (docs/queues.md)."""
+        return DeadLetters(self.runtime.lifecycle(endpoint))
 
     def collect(self, endpoint: str, uuid: str, timeout: float | None = None, *,
                 request_name: str | None = None) -> bytes:

@@ -31,6 +31,8 @@ POINTS = (
     "collect.after-intent", "collect.after-claim", "collect.after-read", "collect.after-archive",
     # recovery itself
     "recover.before-op", "recover.after-op",
+    # ftpbc dlq replay: a dead letter back to its box
+    "replay.after-intent", "replay.after-rename",
 )
 
 _targets: dict[str, int] = {}

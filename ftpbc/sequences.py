@@ -28,6 +28,11 @@ Guarantees of :meth:`SequenceStore.next`:
 Not guaranteed: values drawn by two sequences in one name are not taken atomically together; a
 process killed after the rename but before using its value leaves a gap (values are unique, not
 necessarily all used).
+
+Cluster-wide sequences elsewhere: a store built with ``shared=`` (a :class:`SharedSequences`)
+hands ``%{0}``-``%{9}`` and ``%{name}`` to it and keeps only ``%0``-``%9`` in ``local_dir``.
+``node.coordination: server`` keeps them on the FTP/SFTP server, one file per sequence whose
+name holds the value (:mod:`ftpbc.cluster.server`).
 """
 
 from __future__ import annotations
@@ -37,8 +42,8 @@ import re
 import threading
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal
+from pathlib import Path, PurePath
+from typing import Literal, Protocol
 
 from filelock import FileLock, Timeout
 
@@ -82,7 +87,8 @@ class SequenceInfo:
     endpoint: str | None
     #: counter digit ("0".."9") or global name
     key: str
-    path: Path
+    #: the file (a remote path for sequences kept on a server)
+    path: PurePath
     #: the value the next reference will yield
     value: int
 
@@ -90,6 +96,23 @@ class SequenceInfo:
     def token(self) -> str:
         """How a pattern refers to it: ``%3``, ``%{3}`` or ``%{name}``."""
         return f"%{self.key}" if self.kind == "local" else f"%{{{self.key}}}"
+
+
+class SharedSequences(Protocol):
+    """Where a store keeps its cluster-wide sequences (kinds ``shared`` and ``global``) when not
+    in ``shared_dir``.  Same contract as :class:`SequenceStore`'s methods of the same names:
+    a value once returned by :meth:`next` is never returned again by any node."""
+
+    def next(self, kind: SequenceKind, endpoint: str | None, key: str) -> int: ...
+
+    def get(self, kind: SequenceKind, endpoint: str | None, key: str) -> int: ...
+
+    def set(self, kind: SequenceKind, endpoint: str | None, key: str, value: int) -> None: ...
+
+    def list(self) -> list[SequenceInfo]: ...
+
+    def location(self, kind: SequenceKind, endpoint: str | None, key: str) -> PurePath:
+        """Where the sequence lives (for ``ftpbc seq show``)."""
 
 
 class _PathLocks:
@@ -153,12 +176,15 @@ class SequenceStore:
     ``durable=False`` skips the fsyncs: a process crash still leaves the old or the new value, but
     a power loss may bring back an old value (for benchmarks and throwaway setups only).
     ``lock_timeout`` bounds the wait for another process's lock (SequenceError after it).
+    ``shared``: keep the cluster-wide kinds there instead of in ``shared_dir``.
     """
 
     def __init__(self, local_dir: str | os.PathLike[str], shared_dir: str | os.PathLike[str], *,
-                 durable: bool = True, lock_timeout: float = 30.0) -> None:
+                 durable: bool = True, lock_timeout: float = 30.0,
+                 shared: SharedSequences | None = None) -> None:
         self.local_dir = Path(local_dir)
         self.shared_dir = Path(shared_dir)
+        self.shared = shared
         self.durable = durable
         self.lock_timeout = lock_timeout
         self._transient_lock = threading.Lock()
@@ -168,8 +194,13 @@ class SequenceStore:
 
     # ----------------------------------------------------------------------------- addressing
 
-    def path(self, kind: SequenceKind, endpoint: str | None, key: str) -> Path:
+    def path(self, kind: SequenceKind, endpoint: str | None, key: str) -> PurePath:
         """The file holding a persisted sequence (transient ones have none)."""
+        if self.shared is not None and kind in ("shared", "global"):
+            return self.shared.location(kind, endpoint, key)
+        return self._path(kind, endpoint, key)
+
+    def _path(self, kind: SequenceKind, endpoint: str | None, key: str) -> Path:
         if kind == "global":
             return self.shared_dir / _GLOBAL_DIR / check_sequence_name(key)
         if kind not in ("local", "shared"):
@@ -188,6 +219,8 @@ class SequenceStore:
         """The sequence's current value, after which it holds that value plus one."""
         if kind == "transient":
             return self._next_transient(endpoint or "", key)
+        if self.shared is not None and kind in ("shared", "global"):
+            return self.shared.next(kind, endpoint, key)
         return self._update(kind, endpoint, key, None)
 
     def get(self, kind: SequenceKind, endpoint: str | None, key: str) -> int:
@@ -195,7 +228,9 @@ class SequenceStore:
         if kind == "transient":
             with self._transient_lock:
                 return self._transient.get((endpoint or "", key), 0)
-        return _read_value(self.path(kind, endpoint, key))
+        if self.shared is not None and kind in ("shared", "global"):
+            return self.shared.get(kind, endpoint, key)
+        return _read_value(self._path(kind, endpoint, key))
 
     def set(self, kind: SequenceKind, endpoint: str | None, key: str, value: int) -> None:
         """Make the next reference yield ``value`` (under the same locks as :meth:`next`)."""
@@ -205,12 +240,16 @@ class SequenceStore:
             with self._transient_lock:
                 self._transient[(endpoint or "", key)] = value
             return
+        if self.shared is not None and kind in ("shared", "global"):
+            self.shared.set(kind, endpoint, key, value)
+            return
         self._update(kind, endpoint, key, value)
 
     def list(self) -> list[SequenceInfo]:
         """Every persisted sequence found on disk, endpoint ones first, sorted."""
         found: list[SequenceInfo] = []
-        for kind, base in (("local", self.local_dir), ("shared", self.shared_dir)):
+        bases = [("local", self.local_dir)] + ([("shared", self.shared_dir)] if self.shared is None else [])
+        for kind, base in bases:
             root = base / _ENDPOINT_DIR
             for ep_dir in sorted(root.iterdir()) if root.is_dir() else []:
                 name_file = ep_dir / _ENDPOINT_NAME_FILE
@@ -223,6 +262,10 @@ class SequenceStore:
                     if path.exists():
                         found.append(SequenceInfo(kind, endpoint, digit, path,  # type: ignore[arg-type]
                                                   _read_value(path)))
+        if self.shared is not None:
+            listed = self.shared.list()
+            return ([i for i in found if i.kind == "local"] + [i for i in listed if i.kind == "shared"]
+                    + [i for i in listed if i.kind == "global"])
         global_dir = self.shared_dir / _GLOBAL_DIR
         for path in sorted(global_dir.iterdir()) if global_dir.is_dir() else []:
             if SEQUENCE_NAME_RE.fullmatch(path.name) and path.is_file():
@@ -239,7 +282,7 @@ class SequenceStore:
 
     def _update(self, kind: SequenceKind, endpoint: str | None, key: str, new: int | None) -> int:
         """Under both locks: read, write ``new`` (or read + 1), return what was read."""
-        path = self.path(kind, endpoint, key)
+        path = self._path(kind, endpoint, key)
         thread_lock, file_lock = _LOCKS.get(path, self.lock_timeout)
         with thread_lock:
             self._ensure_dir(path.parent, endpoint if kind != "global" else None)

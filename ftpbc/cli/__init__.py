@@ -23,6 +23,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "request": "ftpbc.cli.messaging:request",
     "send": "ftpbc.cli.messaging:send",
     "check": "ftpbc.cli.check:check",
+    "dlq": "ftpbc.cli.queues:dlq",
     "status": "ftpbc.cli.status:status",
     "demo": "ftpbc.cli.demo:demo",
     "ftpd": "ftpbc.cli.demo:ftpd",

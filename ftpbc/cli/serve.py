@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -13,7 +14,8 @@ from types import FrameType
 import click
 
 from ftpbc.cli.common import config_option, load, log_options, node_id_option, setup_logging
-from ftpbc.config.models import Config
+from ftpbc.config.models import CLIENT_ID_RE, Config
+from ftpbc.errors import JournalError
 from ftpbc.journal import Journal
 
 
@@ -74,22 +76,51 @@ def serve(config_path: str, node_id: str | None, verbose: bool, log_level: str |
 @config_option
 @node_id_option
 def recover(config_path: str, node_id: str | None) -> None:
-    """Replay this node's journal against the servers, print what was done, and exit."""
+    """Replay this node's journal against the servers, print what was done, and exit.
+
+    Without --node-id, the journals of this node's client identities (<node.id>.clientN, left
+    by ftpbc request/send and Client) are replayed too, except those a running client holds."""
     from ftpbc.exchange.runtime import Runtime
     from ftpbc.node.serve import recover as run_recovery
 
     config = load(config_path, node_id)
-    if not _has_journal(config):
+    clients = [] if node_id else _client_ids(config)
+    if not _has_journal(config, quiet=bool(clients)):
         click.echo(f"0 operation(s) recovered for node {config.node.id}")
-        return
-    runtime = Runtime(config)
-    try:
-        actions = run_recovery(runtime)
-    finally:
-        runtime.close()
-    for action in actions:
-        click.echo(str(action))
-    click.echo(f"{len(actions)} operation(s) recovered for node {config.node.id}")
+    else:
+        runtime = Runtime(config)
+        try:
+            actions = run_recovery(runtime)
+        finally:
+            runtime.close()
+        for action in actions:
+            click.echo(str(action))
+        click.echo(f"{len(actions)} operation(s) recovered for node {config.node.id}")
+    for client_id in clients:
+        try:
+            runtime = Runtime(config.with_node_id(client_id))
+        except JournalError as exc:
+            if "in use" not in str(exc):
+                raise
+            click.echo(f"client {client_id}: in use by a running client, which replays its own journal")
+            continue
+        try:
+            actions = run_recovery(runtime, orphans=False)
+        finally:
+            runtime.close()
+        for action in actions:
+            click.echo(str(action))
+        click.echo(f"{len(actions)} operation(s) recovered for client {client_id}")
+
+
+def _client_ids(config: Config) -> list[str]:
+    """The client identities of this node that have a journal directory (see Client.with_identity)."""
+    journal_dir = Path(config.node.journal_dir)
+    base = CLIENT_ID_RE.sub("", config.node.id)[:54]
+    pattern = re.compile(re.escape(base) + r"\.client\d+")
+    found = [p.name for p in journal_dir.iterdir() if p.is_dir() and pattern.fullmatch(p.name)] \
+        if journal_dir.is_dir() else []
+    return sorted(found, key=lambda name: int(name.rsplit("client", 1)[1]))
 
 
 @click.command()
@@ -110,12 +141,14 @@ def journal(config_path: str, node_id: str | None) -> None:
     click.echo(f"{total} pending operation(s) in {directory}")
 
 
-def _has_journal(config: Config) -> bool:
-    """False, having said on stderr which node ids do have journals in journal_dir, when this
-    node has none (a typo, or another host's default id)."""
+def _has_journal(config: Config, *, quiet: bool = False) -> bool:
+    """False, having said on stderr (unless ``quiet``) which node ids do have journals in
+    journal_dir, when this node has none (a typo, or another host's default id)."""
     journal_dir = Path(config.node.journal_dir)
     if (journal_dir / config.node.id).is_dir():
         return True
+    if quiet:
+        return False
     known = sorted(p.name for p in journal_dir.iterdir() if p.is_dir()) if journal_dir.is_dir() else []
     click.echo(f"ftpbc: no journal for node {config.node.id!r} in {journal_dir}; known node ids: "
                f"{', '.join(known) or 'none'} (--node-id ID)", err=True)

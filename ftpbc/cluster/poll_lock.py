@@ -8,6 +8,9 @@ listing and claiming for this endpoint.
 What the file lock needs on NFS: working POSIX locks (NFSv4, or NFSv3 with lockd).  Without
 them every poller gets the lock and the endpoint degrades to ``lock: none``: still correct (a
 claim is a rename, and exactly one rename of a file wins), only wasteful in lost claim races.
+
+With ``node.coordination: server`` (no shared filesystem) the F_LOCK is a token file on the
+FTP/SFTP server instead (:class:`~ftpbc.cluster.server.ServerLock`); the T_LOCK stays.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Protocol
 
 from ftpbc.cluster.heartbeat import is_dead
 
@@ -35,8 +39,28 @@ def _thread_lock(key: str) -> threading.Lock:
         return _thread_locks.setdefault(key, threading.Lock())
 
 
+class CrossLock(Protocol):
+    """The part of a poll lock that serialises processes and hosts (F_LOCK, or its stand-in on a
+    server: see :mod:`ftpbc.cluster.server`).  Called under the T_LOCK only."""
+
+    def acquire(self, wait: float) -> bool:
+        """Take it, trying for ``wait`` seconds; False if another holder has it."""
+
+    def release(self) -> None:
+        """Give back what :meth:`acquire` took (never raises: a failure is logged)."""
+
+    def bypass(self) -> bool:
+        """After a failed :meth:`acquire`: may this poller go ahead anyway (a dead holder)?"""
+
+    def close(self) -> None:
+        """Free local resources (descriptors); the lock is not held."""
+
+
 class PollLock:
-    """Try-lock for one endpoint.  ``mode="none"`` keeps only the thread lock.
+    """Try-lock for one endpoint: the T_LOCK, plus a :class:`CrossLock` unless ``mode="none"``.
+
+    Built from ``state_dir`` as below (the file lock), or by a
+    :class:`~ftpbc.cluster.coordination.Coordination` with :meth:`over` (the server lock).
 
     With ``holder`` (this node's id) and ``lease``, the node that takes the file lock records its
     id beside it; a poller that finds the lock busy and its holder dead (no heartbeat younger
@@ -48,41 +72,78 @@ class PollLock:
 
     def __init__(self, state_dir: Path, endpoint: str, mode: str, *, holder: str | None = None,
                  lease: float | None = None) -> None:
-        self.state_dir = Path(state_dir)
-        self._path = self.state_dir / "locks" / f"{endpoint}.lock"
-        self._holder_path = self._path.with_suffix(".holder")
-        self._holder = holder
-        self._lease = lease
-        self._tlock = _thread_lock(str(self._path.resolve()))
-        self._file = mode == "file"
-        self._fd: int | None = None
-        self._fd_pid = 0
-        self._finalizer: Callable[[], object] | None = None
-        self._warned: str | None = None
-        if self._file:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
+        path = Path(state_dir) / "locks" / f"{endpoint}.lock"
+        cross = FileCrossLock(Path(state_dir), path, holder=holder, lease=lease) if mode == "file" else None
+        self._setup(str(path.resolve()), cross)
+
+    @classmethod
+    def over(cls, key: str, cross: CrossLock | None) -> PollLock:
+        """A poll lock whose T_LOCK is named ``key`` (one per process) and whose cross-process
+        part is ``cross`` (None: the T_LOCK alone, ``lock: none``)."""
+        lock = cls.__new__(cls)
+        lock._setup(key, cross)
+        return lock
+
+    def _setup(self, key: str, cross: CrossLock | None) -> None:
+        self._tlock = _thread_lock(key)
+        self.cross = cross
 
     @contextmanager
     def attempt(self, wait: float = 0.0) -> Iterator[bool]:
-        """Yield True while both locks are held (or the file lock's holder is dead), else False."""
+        """Yield True while both locks are held (or the cross lock's holder is dead), else False."""
         got = self._tlock.acquire(timeout=wait) if wait > 0 else self._tlock.acquire(blocking=False)
         if not got:
             yield False
             return
         try:
-            if not self._file:
+            cross = self.cross
+            if cross is None:
                 yield True
                 return
-            if not self._lock_file(wait):
-                yield self._holder_is_dead()
+            if not cross.acquire(wait):
+                yield cross.bypass()
                 return
             try:
-                self._record_holder()
                 yield True
             finally:
-                fcntl.flock(self._lock_fd(), fcntl.LOCK_UN)
+                cross.release()
         finally:
             self._tlock.release()
+
+    def close(self) -> None:
+        """Close the lock file now rather than when this object is dropped."""
+        if self.cross is not None:
+            self.cross.close()
+
+
+class FileCrossLock:
+    """F_LOCK: ``flock`` on ``<state_dir>/locks/<endpoint>.lock``, its holder named beside it in
+    ``<endpoint>.holder`` (see :class:`PollLock` for the dead-holder rule)."""
+
+    def __init__(self, state_dir: Path, path: Path, *, holder: str | None = None,
+                 lease: float | None = None) -> None:
+        self.state_dir = state_dir
+        self._path = path
+        self._holder_path = self._path.with_suffix(".holder")
+        self._holder = holder
+        self._lease = lease
+        self._fd: int | None = None
+        self._fd_pid = 0
+        self._finalizer: Callable[[], object] | None = None
+        self._warned: str | None = None
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+
+    def acquire(self, wait: float) -> bool:
+        if not self._lock_file(wait):
+            return False
+        self._record_holder()
+        return True
+
+    def release(self) -> None:
+        fcntl.flock(self._lock_fd(), fcntl.LOCK_UN)
+
+    def bypass(self) -> bool:
+        return self._holder_is_dead()
 
     def _lock_fd(self) -> int:
         """The lock file, opened once per process (a forked child opens its own: a flock belongs
@@ -140,7 +201,6 @@ class PollLock:
             os.close(fd)
 
     def close(self) -> None:
-        """Close the lock file now rather than when this object is dropped."""
         if self._finalizer is not None:
             self._finalizer()
         self._fd = None

@@ -52,6 +52,7 @@ class MetricsConfig(_Frozen):
 class NodeConfig(_Frozen):
     id: str = Field(default_factory=default_node_id)
     #: file locks, heartbeats and cluster-wide sequences: the same directory (NFS) on every node
+    #: (with ``coordination: server``, this node's own)
     state_dir: Path = Path(".ftpbc-state")
     #: this node's own journal and node-local sequences
     journal_dir: Path = Path("journals")
@@ -63,11 +64,33 @@ class NodeConfig(_Frozen):
     durable_journal: bool = True
     #: serve Prometheus metrics and health checks over HTTP (``ftpbc serve --metrics-port``)
     metrics: MetricsConfig | None = None
+    #: where poll locks, heartbeats and cluster-wide sequences live: ``state_dir`` (a shared
+    #: directory) or ``server`` (on coordination_server, for hosts that share no filesystem)
+    coordination: Literal["state_dir", "server"] = "state_dir"
+    #: coordination: server: the server (a ``servers:`` name); default the first endpoint's
+    coordination_server: str | None = None
+    #: coordination: server: the directory on that server
+    coordination_dir: str = "/.ftpbc-cluster"
+    #: coordination: server: a poll lock not given back (its holder killed) is taken over after
+    #: this many seconds; a live holder renews it while it holds it
+    lock_expiry: float = Field(default=10.0, gt=0)
 
     @field_validator("id")
     @classmethod
     def _check_id(cls, v: str) -> str:
         return check_node_id(v)
+
+    @field_validator("coordination_dir")
+    @classmethod
+    def _check_coordination_dir(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"expected an absolute path on the server (like /.ftpbc-cluster), got {v!r}")
+        parts = [p for p in v.split("/") if p not in ("", ".")]
+        if ".." in parts or any(c in v for c in "\0\r\n"):
+            raise ValueError(f"{v!r} must not contain '..', NUL or line breaks")
+        if not parts:
+            raise ValueError("must be a directory below / (the cluster's files need one of their own)")
+        return "/" + "/".join(parts)
 
     @model_validator(mode="after")
     def _lease_outlives_heartbeat(self) -> NodeConfig:
@@ -75,6 +98,15 @@ class NodeConfig(_Frozen):
             raise ValueError(
                 f"lease ({self.lease:g} s) must exceed twice heartbeat_interval "
                 f"({self.heartbeat_interval:g} s), or live nodes would look dead")
+        return self
+
+    @model_validator(mode="after")
+    def _coordination_keys(self) -> NodeConfig:
+        if self.coordination == "state_dir":
+            given = sorted({"coordination_server", "coordination_dir", "lock_expiry"} & self.model_fields_set)
+            if given:
+                raise ValueError(f"{given[0]} is only used with coordination: server (this node has "
+                                 "coordination: state_dir)")
         return self
 
 
@@ -112,6 +144,8 @@ class EndpointConfig(_Frozen):
     ttl: float | None = Field(default=None, gt=0)
     #: messages found past their expiration go to inexpired (discard) or indead (dead_letter)
     expired: Literal["discard", "dead_letter"] = "discard"
+    #: messages that exhausted max_deliveries go to indead (dead letters) instead of inerror
+    dead_letter: bool = False
     #: time zone of date letters in names (IANA name)
     timezone: str = "UTC"
     #: on shutdown, how long in-flight handlers may take before the node gives up on them

@@ -427,7 +427,8 @@ class Lifecycle:
         if count >= self.max_deliveries:
             with self._lock:
                 self._local_deliveries.pop(claimed.name, None)
-            return self.file_error(claimed, f"delivery {count} of {self.max_deliveries} failed: {reason}")
+            return self.file_error(claimed, f"delivery {count} of {self.max_deliveries} failed: {reason}",
+                                   dead=self.policy.dead_letter)
         name = claimed.name if in_place else layout.with_delivery_count(claimed.candidate, count)
         if name == claimed.name:
             # The name cannot carry the count (read in place, a response, a foreign name): this
@@ -449,10 +450,12 @@ class Lifecycle:
             self._held[name] = time.monotonic() + delay
         return f"returned as delivery {count} of {self.max_deliveries}, held here for {delay:g} s"
 
-    def file_error(self, claimed: Claimed, reason: str) -> str:
-        """Move a claimed message to the error directory with ``reason`` beside it."""
+    def file_error(self, claimed: Claimed, reason: str, *, dead: bool = False) -> str:
+        """Move a claimed message to the error directory (``dead``: the dead letters, if the
+        layout has them) with ``reason`` beside it."""
         t = self.transport
-        target = self.layout.error_path(claimed.name, self.node_id, self.clock())
+        directory = self.layout.dead_dir if dead and self.layout.dead_dir else self.layout.error
+        target = self.layout.filed_path(directory, claimed.name, self.node_id, self.clock())
         self.layout.ensure_dir(t, target)
         try:
             rename_resolving(t, claimed.path, target)
@@ -461,7 +464,43 @@ class Lifecycle:
             return "gone before it could be filed as an error"
         t.put(target + REASON_SUFFIX, io.BytesIO(reason.encode("utf-8") + b"\n"))
         self.journal.end(claimed.op_id)
-        return f"filed in {self.layout.error} ({reason})"
+        return f"filed in {directory} ({reason})"
+
+    # ------------------------------------------------------------------ dead letters
+
+    def replay(self, src: str, name: str, *, op_id: str) -> str:
+        """Put a filed message (a dead letter at ``src``) back in the box as ``name``; return
+        where it went.
+
+        Journaled (durably) before the rename, and :meth:`finish_replay` is what recovery runs:
+        killed at any point, the message ends up in the box exactly once, never in both places
+        and never in neither (the rename is atomic, and finishing it again is idempotent).
+        Refused (FileExistsError) when a message of that name is waiting already.
+        """
+        dst = self.layout.box_path(name)
+        if self.transport.exists(dst):
+            raise FileExistsError(f"{dst} exists: a message of that name is waiting already")
+        fields = {"src": src, "dst": dst, "reason": src + REASON_SUFFIX}
+        self.journal.record(op_id, "replay", durable=True, **fields)
+        crash_point("replay.after-intent")
+        self.finish_replay(op_id, fields)
+        return dst
+
+    def finish_replay(self, op_id: str, fields: dict[str, str]) -> str:
+        """Carry a ``replay`` operation to its end (rename, then the reason file); idempotent."""
+        t = self.transport
+        try:
+            rename_resolving(t, fields["src"], fields["dst"])
+            outcome = f"returned to {self.layout.box}"
+        except SourceGone:
+            outcome = "had been returned already"
+        crash_point("replay.after-rename")
+        try:
+            t.delete(fields["reason"])
+        except NotFound:
+            pass
+        self.journal.end(op_id)
+        return outcome
 
     # ------------------------------------------------------------------ serving
 

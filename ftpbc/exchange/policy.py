@@ -40,7 +40,7 @@ class QueuePolicy:
         expire, are selected, dead-lettered and bounded; responses go to one waiting caller)."""
         if direction != "in":
             return cls()
-        return cls(expires=True, expired=ep.expired)
+        return cls(expires=True, expired=ep.expired, dead_letter=ep.dead_letter)
 
 
 DEFAULT_POLICY = QueuePolicy()

@@ -13,6 +13,9 @@ Every pending operation is decided by its last durable record plus a few ``stat`
 ``served`` (the handler returned; its result is in the journal)
     finished by :meth:`Lifecycle.finish_served`, the very code a live node runs: the handler is
     never called again.
+``replay`` (``ftpbc dlq replay``: a dead letter going back to its box)
+    finished by :meth:`Lifecycle.finish_replay`: renamed if still a dead letter, its reason
+    file removed.
 
 Recovery is idempotent: every step re-checks the server first, so a crash during recovery is
 recovered by the next run.  One operation that cannot be decided (a server error, an odd
@@ -115,6 +118,8 @@ def _recover_op(lc: Lifecycle, op: Operation) -> str:
             outcome = "already exposed and taken"
         lc.journal.end(op.op_id)
         return outcome
+    if op.kind == "replay":
+        return "replay finished: " + lc.finish_replay(op.op_id, f)
     if op.kind == "claim":
         claimed = lc.claim_from_journal(op)
         if "delivered" in op.events:

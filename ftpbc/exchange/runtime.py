@@ -12,9 +12,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypedDict
 
-from ftpbc.cluster.heartbeat import Heartbeat
+from ftpbc.cluster.factory import open_coordination
 from ftpbc.cluster.liveness import Liveness
-from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.config.models import Config
 from ftpbc.errors import ConfigError
 from ftpbc.exchange.envelope import DEFAULT_PRIORITY, RESERVED_TYPE_PREFIX, Headers, Kind, PropertyValue
@@ -24,7 +23,6 @@ from ftpbc.exchange.policy import QueuePolicy
 from ftpbc.exchange.recovery import Action, recover_orphans, recover_pending
 from ftpbc.journal import Journal
 from ftpbc.patterns import ExpandContext, Pattern
-from ftpbc.sequences import SequenceStore
 from ftpbc.transport import Transport, open_transport
 
 log = logging.getLogger("ftpbc.recovery")
@@ -48,12 +46,13 @@ class Runtime:
         self.node_id = config.node.id
         self.journal = Journal(Path(config.node.journal_dir), self.node_id,
                                durable=config.node.durable_journal)
-        local, shared = config.sequence_dirs()
-        self.sequences = SequenceStore(local, shared)
+        #: poll locks, heartbeats, leases and sequences: in state_dir or on a server (node.coordination)
+        self.coordination = open_coordination(config, open_transport)
+        self.sequences = self.coordination.sequences
         #: the background loops of this process; the heartbeat stops when one is stuck
         self.liveness = Liveness()
-        self.heartbeat = Heartbeat(Path(config.node.state_dir), self.node_id, config.node.heartbeat_interval,
-                                   health=self.liveness.health(config.node.lease / 2))
+        self.heartbeat = self.coordination.heartbeat(config.node.heartbeat_interval,
+                                                     health=self.liveness.health(config.node.lease / 2))
         self._connections = connections
         self._lock = threading.Lock()
         self._transports: dict[str, Transport] = {}
@@ -173,8 +172,7 @@ class Runtime:
             layout = group[0].layout
             if isinstance(layout, PartnerLayout) and layout.select is None:
                 tc = config.transfers[layout.name]
-                poll_lock = PollLock(Path(config.node.state_dir), layout.key, tc.lock, holder=self.node_id,
-                                     lease=config.node.lease)
+                poll_lock = self.coordination.poll_lock(layout.key, tc.lock)
                 lock = functools.partial(poll_lock.attempt, wait=60.0)
             actions.extend(recover_pending(group, orphans=False, lock=lock))
         if orphans:
@@ -200,4 +198,5 @@ class Runtime:
             self._lifecycles.clear()
         for t in transports:
             t.close()
+        self.coordination.close()
         self.journal.close()

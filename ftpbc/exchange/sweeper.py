@@ -13,7 +13,8 @@ endpoint and transfer it serves.
   files wait for their node's own recovery (their targets are only in its journal).
 * Responses nobody collected within ``uncollected_after``: archived as ``~uncollected``.
 
-The sweep runs under its own file lock, whatever the poll lock mode, so two nodes never sweep
+The sweep runs under its own cluster lock (the coordination's: a file lock in ``state_dir``,
+or a token on the server), whatever the poll lock mode, so two nodes never sweep
 one endpoint at once (deciding a staged response needs a consistent view).  One entry that
 cannot be handled is logged once and skipped: it never stops the sweep of the others.
 """
@@ -23,10 +24,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 
-from ftpbc.cluster.heartbeat import is_dead
-from ftpbc.cluster.poll_lock import PollLock
+from ftpbc.cluster.coordination import Coordination
 from ftpbc.errors import FtpbcError, NotFound, SourceGone
 from ftpbc.exchange.area import archive_name, parse_archive_name, split_claim
 from ftpbc.exchange.layout import AreaLayout, Candidate, Layout, Outbound
@@ -41,16 +40,16 @@ UNCOLLECTED = "uncollected"
 class Sweeper:
     """Sweeps the lifecycles of one endpoint (both directions) or one transfer."""
 
-    def __init__(self, lifecycles: Sequence[Lifecycle], state_dir: Path, lease: float, *,
+    def __init__(self, lifecycles: Sequence[Lifecycle], coordination: Coordination, *,
                  uncollected_after: float | None = None) -> None:
         self.lifecycles = list(lifecycles)
         main = self.lifecycles[0]
         self.endpoint = main.layout.key
         self.node_id = main.node_id
-        self.state_dir = state_dir
-        self.lease = lease
+        self.coordination = coordination
+        self.lease = coordination.lease
         self.uncollected_after = uncollected_after
-        self.lock = PollLock(state_dir, f"{self.endpoint}.sweep", "file", holder=self.node_id, lease=lease)
+        self.lock = coordination.poll_lock(f"{self.endpoint}.sweep", "file")
         self.uncollected = 0
         self.returned = 0
         self.expired = 0
@@ -66,7 +65,7 @@ class Sweeper:
         if owner is None or owner == self.node_id:
             return False
         if owner not in self._dead:
-            self._dead[owner] = is_dead(self.state_dir, owner, self.lease)
+            self._dead[owner] = self.coordination.is_dead(owner)
         return self._dead[owner]
 
     def _sweep(self) -> None:

@@ -15,9 +15,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from ftpbc.cluster.heartbeat import live_elsewhere
 from ftpbc.cluster.liveness import LoopGuard
-from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.config.models import CLIENT_ID_RE, Config
 from ftpbc.errors import AuthenticationFailed, ConfigError
 from ftpbc.exchange.message import Message
@@ -94,7 +92,7 @@ class Node:
         """Recover, then serve.  A server that is unreachable or refusing at start is waited
         for (with backoff, a log line per kind of failure) until it answers or :meth:`stop` is
         called; configuration errors and wrong credentials fail at once."""
-        other = live_elsewhere(Path(self.config.node.state_dir), self.node_id, self.config.node.lease)
+        other = self.runtime.coordination.live_elsewhere()
         if other is not None:
             raise ConfigError(other, key="node.id", file=self.config.source)
         self.runtime.heartbeat.start()
@@ -122,24 +120,23 @@ class Node:
 
     def _build(self) -> None:
         self.providers, self.sweepers = {}, []  # a retried start builds afresh
-        node = self.config.node
-        state_dir = Path(node.state_dir)
+        coordination = self.runtime.coordination
         liveness = self.runtime.liveness
         for name, handler in self.handlers.items():
             ep = self.config.endpoints[name]
             inbound, outbound = self.runtime.endpoint_lifecycles(name)
-            lock = PollLock(state_dir, name, ep.lock, holder=node.id, lease=node.lease)
+            lock = coordination.poll_lock(name, ep.lock)
             self.providers[name] = Provider(name, ep, inbound, handler, lock, liveness=liveness)
-            self.sweepers.append(Sweeper([inbound, outbound], state_dir, node.lease,
+            self.sweepers.append(Sweeper([inbound, outbound], coordination,
                                          uncollected_after=ep.uncollected_after))
             log.info("serving %s on %s%s (lock: %s, workers: %d, node: %s)", name,
                      self.config.servers[ep.server].display, ep.repository, ep.lock, ep.workers, self.node_id)
         for name, handler in self.transfer_handlers.items():
             tc = self.config.transfers[name]
             lc = self.runtime.transfer(name)
-            lock = PollLock(state_dir, lc.layout.key, tc.lock, holder=node.id, lease=node.lease)
+            lock = coordination.poll_lock(lc.layout.key, tc.lock)
             self.providers[name] = Provider(name, tc, lc, handler, lock, liveness=liveness)
-            self.sweepers.append(Sweeper([lc], state_dir, node.lease))
+            self.sweepers.append(Sweeper([lc], coordination))
             log.info("serving transfer %s on %s%s (lock: %s, workers: %d, node: %s)", name,
                      self.config.servers[tc.server].display, tc.receive_from, tc.lock, tc.workers,
                      self.node_id)

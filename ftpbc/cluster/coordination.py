@@ -1,0 +1,110 @@
+"""How the nodes of a cluster coordinate: poll locks, heartbeats and leases, cluster-wide sequences.
+
+:class:`Coordination` is what the layers above (the runtime, the serving node, the sweeper) ask
+for these; they never build a lock, a heartbeat or a liveness check themselves.  Two
+implementations, chosen by ``node.coordination``:
+
+``state_dir`` (the default): :class:`StateDirCoordination`
+    Everything in ``node.state_dir``, a directory every node shares (NFS): ``flock`` poll locks,
+    heartbeat files, sequence files under ``filelock``.  Cheap (a poll lock costs about a
+    microsecond) and as strong as the shared filesystem's locks.
+
+``server``: :class:`~ftpbc.cluster.server.ServerCoordination`
+    Everything in ``node.coordination_dir`` on ``node.coordination_server`` (an FTP, FTPS, SFTP
+    or file:// server of the configuration), for clusters whose hosts share no filesystem: only
+    the transport's rename contract is used.  Each node's ``state_dir`` is then its own.
+
+``docs/cluster.md`` describes both, their files, their guarantees and their costs.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+
+from ftpbc.cluster.heartbeat import Heartbeat, is_dead, live_elsewhere
+from ftpbc.cluster.poll_lock import PollLock
+from ftpbc.sequences import SequenceStore
+
+log = logging.getLogger("ftpbc.cluster")
+
+Health = Callable[[], "str | None"]
+
+
+class Coordination(ABC):
+    """What a process of one node identity uses to coordinate with the other nodes.
+
+    ``poll_lock(key, mode)`` serialises the pollers of ``key`` (an endpoint, ``<endpoint>.sweep``
+    or a transfer's journal key) across the cluster; ``mode`` is the endpoint's ``lock``: ``file``
+    (the cluster-wide lock of this coordination) or ``none`` (the thread lock only).
+    ``heartbeat`` tells the others this node is alive, ``is_dead`` asks whether another node is,
+    ``sequences`` draws ``%0``-``%9`` (this node's own), ``%{0}``-``%{9}`` and ``%{name}`` (the
+    cluster's).  Thread-safe.
+    """
+
+    #: this node's id
+    node_id: str
+    #: a node whose heartbeat is older than this (seconds) is dead
+    lease: float
+
+    @property
+    @abstractmethod
+    def sequences(self) -> SequenceStore:
+        """The store every pattern of this process draws from."""
+
+    @abstractmethod
+    def poll_lock(self, key: str, mode: str) -> PollLock:
+        """A try-lock for ``key`` (see :class:`~ftpbc.cluster.poll_lock.PollLock`)."""
+
+    @abstractmethod
+    def heartbeat(self, interval: float, *, health: Health | None = None) -> Heartbeat:
+        """This node's heartbeat, beating every ``interval`` while ``health()`` returns None."""
+
+    @abstractmethod
+    def is_dead(self, node_id: str) -> bool:
+        """True if ``node_id`` has no heartbeat younger than the lease."""
+
+    @abstractmethod
+    def live_elsewhere(self) -> str | None:
+        """Who else runs this node's id (a live heartbeat of another process), as a sentence;
+        None if nobody does."""
+
+    @property
+    @abstractmethod
+    def where(self) -> str:
+        """Where the cluster's state lives, for messages."""
+
+    def close(self) -> None:  # noqa: B027 - nothing to release for the state directory
+        """Release what this coordination holds open (connections)."""
+
+
+class StateDirCoordination(Coordination):
+    """Everything in ``state_dir``, shared by every node (today's behaviour, unchanged)."""
+
+    def __init__(self, state_dir: Path, node_id: str, lease: float, *, local_sequences: Path) -> None:
+        self.state_dir = Path(state_dir)
+        self.node_id = node_id
+        self.lease = lease
+        self._sequences = SequenceStore(local_sequences, self.state_dir)
+
+    @property
+    def sequences(self) -> SequenceStore:
+        return self._sequences
+
+    def poll_lock(self, key: str, mode: str) -> PollLock:
+        return PollLock(self.state_dir, key, mode, holder=self.node_id, lease=self.lease)
+
+    def heartbeat(self, interval: float, *, health: Health | None = None) -> Heartbeat:
+        return Heartbeat(self.state_dir, self.node_id, interval, health=health)
+
+    def is_dead(self, node_id: str) -> bool:
+        return is_dead(self.state_dir, node_id, self.lease)
+
+    def live_elsewhere(self) -> str | None:
+        return live_elsewhere(self.state_dir, self.node_id, self.lease)
+
+    @property
+    def where(self) -> str:
+        return f"state_dir {self.state_dir}"

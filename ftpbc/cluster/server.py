@@ -1,0 +1,779 @@
+"""``coordination: server``: the cluster's poll locks, heartbeats and sequences kept on the
+FTP/SFTP server itself, for clusters whose hosts share no filesystem.
+
+Nothing but the transport's rename contract is used (``ftpbc.transport.base``): a rename of a
+given source succeeds for exactly one of the clients racing for it, the others get
+:class:`~ftpbc.errors.SourceGone`.  Files, under ``node.coordination_dir`` (default
+``/.ftpbc-cluster``) on ``node.coordination_server``::
+
+    heartbeats/<node-id>                          one per live node, rewritten every heartbeat_interval;
+                                                  its mtime (the server's clock) is the last beat
+    clock/<node-id>                               written once to read the server's clock, when a
+                                                  process needs it before its first heartbeat
+    locks/<key>/token.<token>                     a poll lock's marker (created once, never renamed)
+    locks/<key>/lock.<token>                      the lock, free
+    locks/<key>/lock.<token>~<node>+<run>~<ms>    the lock, held by <node> (process <run>) until <ms>,
+                                                  milliseconds since 1970 on the server's clock
+    sequences.lock/...                            the lock under which a new sequence is created
+    sequences/<name>.<N>                          %{name}, whose next value is N
+    sequences/<name>~created                      its marker (created once, never renamed)
+    endpoint-sequences/<uuid>/sequence<K>.<N>     %{K} of one endpoint (and sequence<K>~created), with
+                                                  a file ``endpoint`` holding the endpoint's name
+
+Listings
+    A server lists a directory by reading its names, then stat()ing each: a file renamed in
+    between is in neither of its names.  So every decision about what exists is made from
+    markers, which nobody renames, and a file out of sight is looked for again.
+
+Clocks
+    Every time compared is the server's: a heartbeat's age is the server's "now" minus the mtime
+    the server gave the file, and a lock's expiry is written in server time.  Each process learns
+    how far the server's clock is from its own by writing a file and reading back its mtime (at
+    every heartbeat), so the hosts' clocks may differ by any amount; what remains is the error
+    of that estimate: the mtime's precision (a second on FTP and SFTP) plus a round trip.
+
+Locks
+    Taken by renaming the free token to a held name carrying holder and expiry, given back by
+    renaming it back, renewed by the holder (renamed to a later expiry) while held, and taken
+    over by anyone once expired: a holder killed while holding it stalls the key for at most
+    ``lock_expiry``.  A token is created (put under a fresh id, then marked) only when a listing
+    shows no marker; two nodes doing that at once make two tokens, so a token is used only after
+    a listing made since its creation showed its marker alone (once per process and token):
+    whoever finds a second one deletes its own, unless its id is the smaller (then it gives it
+    back, to be used once alone).  Hence two processes never hold a key at once, except when a
+    holder is paused (SIGSTOP, swapping) past the expiry: then another takes over, the paused one
+    finds its token gone when it gives it back, and says so.  The poll lock guards only
+    efficiency (a claim is a rename that exactly one node wins), so that case costs lost races,
+    never a message.
+
+Sequences
+    A draw renames ``<name>.<N>`` to ``<name>.<N+1>`` and returns N; a process that finds the
+    source gone (another node drew N) lists the directory and tries again with the value there.
+    A process remembers the value it left, so an uncontended draw is one rename.  A sequence is
+    created (its value file ``.0``, then its marker) under a lock: the check for its marker and
+    the creation must not interleave with another node's.  A rename whose reply is lost may have
+    happened: its value is never used (a gap), so values stay unique.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import random
+import re
+import secrets
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path, PurePath, PurePosixPath
+
+from ftpbc.cluster.coordination import Coordination, Health
+from ftpbc.cluster.heartbeat import Heartbeat
+from ftpbc.cluster.poll_lock import PollLock
+from ftpbc.errors import FtpbcError, NotFound, OutcomeUnknown, SequenceError
+from ftpbc.sequences import (
+    SEQUENCE_NAME_RE,
+    SequenceInfo,
+    SequenceKind,
+    SequenceStore,
+    check_sequence_name,
+    endpoint_uuid,
+)
+from ftpbc.transport.base import Entry, Transport
+
+log = logging.getLogger("ftpbc.cluster")
+
+#: a process that lost a lock race lists the lock's directory at most this often (seconds):
+#: enough to see an expiry (seconds away) or a new token, without a listing per poll
+RESCAN = 1.0
+#: how long a clock estimate is trusted before it is measured again (the heartbeat measures it
+#: at every beat; this is for processes that do not beat)
+CLOCK_RESYNC = 300.0
+HOST = socket.gethostname().replace(" ", "-") or "localhost"
+
+_TOKEN_RE = re.compile(r"lock\.([0-9a-f]{6,32})(?:~([A-Za-z0-9._-]{1,64})\+([0-9a-f]{1,16})~(\d{1,16}))?")
+_TOKEN_ID_RE = re.compile(r"[0-9a-f]{6,32}")
+_SAFE_KEY_RE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def _safe_key(key: str) -> str:
+    """A lock key as a directory name (a transfer's key ``transfer:x`` has a colon)."""
+    return _SAFE_KEY_RE.sub(lambda m: f"+{ord(m[0]):02x}", key)
+
+
+def server_seconds(mtime: datetime) -> float:
+    """A listing's mtime as seconds: whole seconds (FTP, SFTP) stand for the middle of that second."""
+    return mtime.timestamp() + (0.5 if mtime.microsecond == 0 else 0.0)
+
+
+class ServerClock:
+    """The server's clock as seen from this process: this host's time plus a measured offset."""
+
+    def __init__(self, probe: Callable[[], tuple[datetime | None, float, float]], *,
+                 host_time: Callable[[], float] = time.time) -> None:
+        self._probe = probe
+        #: this host's clock (seconds since 1970)
+        self.host_time = host_time
+        self._offset: float | None = None
+        self._measured = -CLOCK_RESYNC
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def sample(self, mtime: datetime | None, before: float, after: float) -> None:
+        """A file was written between ``before`` and ``after`` (this host's time) and the server
+        gave it ``mtime``."""
+        if mtime is None:
+            if not self._warned:
+                self._warned = True
+                log.warning("the coordination server gives no file times: using this host's clock, "
+                            "so the hosts' clocks must agree (see docs/cluster.md)")
+            offset = 0.0
+        else:
+            offset = server_seconds(mtime) - (before + after) / 2
+        with self._lock:
+            self._offset = offset
+            self._measured = time.monotonic()
+
+    def now(self) -> float:
+        """The server's time now, in seconds since 1970."""
+        if self._offset is None or time.monotonic() - self._measured > CLOCK_RESYNC:
+            self.sample(*self._probe())
+        return self.host_time() + (self._offset or 0.0)
+
+    @property
+    def offset(self) -> float | None:
+        """Server minus this host, in seconds (None before the first measurement)."""
+        return self._offset
+
+
+@dataclass(frozen=True)
+class Token:
+    """One lock token file, as listed."""
+
+    name: str
+    id: str
+    node: str | None = None
+    run: str | None = None
+    #: server time, seconds
+    expiry: float = 0.0
+
+    @property
+    def held(self) -> bool:
+        return self.node is not None
+
+    @classmethod
+    def parse(cls, name: str) -> Token | None:
+        m = _TOKEN_RE.fullmatch(name)
+        if m is None:
+            return None
+        if m[2] is None:
+            return cls(name, m[1])
+        return cls(name, m[1], m[2], m[3], int(m[4]) / 1000)
+
+
+class ServerCoordination(Coordination):
+    """Locks, heartbeats and sequences in ``directory`` on the server behind ``transport``."""
+
+    def __init__(self, transport: Transport, directory: str, node_id: str, lease: float, *,
+                 lock_expiry: float = 10.0, local_sequences: Path, display: str | None = None,
+                 lock_timeout: float = 30.0, host_time: Callable[[], float] = time.time) -> None:
+        self.transport = transport
+        self.dir = "/" + "/".join(p for p in directory.split("/") if p)
+        self.node_id = node_id
+        self.lease = lease
+        self.lock_expiry = lock_expiry
+        #: this process among the runs of this node id (a restarted node takes its locks back)
+        self.run = secrets.token_hex(3)
+        self.display = display or f"{transport.server}{self.dir}"
+        self.clock = ServerClock(self._probe_clock, host_time=host_time)
+        self._made: set[str] = set()
+        self._made_lock = threading.Lock()
+        self._held: weakref.WeakSet[ServerLock] = weakref.WeakSet()
+        self._held_lock = threading.Lock()
+        self._renewer: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._sequences = SequenceStore(local_sequences, local_sequences,
+                                        shared=ServerSequences(self, lock_timeout=lock_timeout))
+
+    # ------------------------------------------------------------------ the interface
+
+    @property
+    def sequences(self) -> SequenceStore:
+        return self._sequences
+
+    def poll_lock(self, key: str, mode: str) -> PollLock:
+        name = f"{self.display}/locks/{_safe_key(key)}"
+        if mode != "file":
+            return PollLock.over(name, None)
+        return PollLock.over(name, ServerLock(self, f"{self.dir}/locks/{_safe_key(key)}"))
+
+    def heartbeat(self, interval: float, *, health: Health | None = None) -> Heartbeat:
+        return ServerHeartbeat(self, interval, health=health)
+
+    def is_dead(self, node_id: str) -> bool:
+        return self.heartbeat_age(node_id) is None
+
+    @property
+    def where(self) -> str:
+        return f"server {self.display}"
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join(timeout=5)
+        self.transport.close()
+
+    # ------------------------------------------------------------------ heartbeats
+
+    def heartbeat_path(self, node_id: str) -> str:
+        return f"{self.dir}/heartbeats/{node_id}"
+
+    def heartbeat_age(self, node_id: str) -> float | None:
+        """Seconds since ``node_id``'s last beat on the server's clock; None if it has none
+        younger than the lease (dead)."""
+        try:
+            entry = self.transport.stat(self.heartbeat_path(node_id))
+        except NotFound:
+            return None
+        # A server without file times: the beat's own estimate of the server's time.
+        stamp = server_seconds(entry.mtime) if entry.mtime is not None else self._written_at(node_id)
+        age = self.clock.now() - stamp
+        return None if age > self.lease else max(age, 0.0)
+
+    def _written_at(self, node_id: str) -> float:
+        buf = io.BytesIO()
+        try:
+            self.transport.get(self.heartbeat_path(node_id), buf)
+        except NotFound:
+            return 0.0
+        fields = buf.getvalue().decode("ascii", "replace").split()
+        try:
+            return float(fields[2])
+        except (IndexError, ValueError):
+            return 0.0
+
+    def live_elsewhere(self) -> str | None:
+        """Who else runs this node id (a live heartbeat from another host or process), as a
+        sentence; None if nobody does (or the server cannot tell yet)."""
+        path = self.heartbeat_path(self.node_id)
+        try:
+            age = self.heartbeat_age(self.node_id)
+            if age is None:
+                return None
+            buf = io.BytesIO()
+            self.transport.get(path, buf)
+        except FtpbcError:
+            return None
+        fields = buf.getvalue().decode("ascii", "replace").split()
+        pid = int(fields[0]) if fields and fields[0].isdigit() else 0
+        host = fields[3] if len(fields) > 3 else "?"
+        if host == HOST and (pid == os.getpid() or not _alive(pid)):
+            return None
+        where = f"host {host}" if host != HOST else f"process {pid} of this host"
+        return (f"node id {self.node_id!r} is live on {where} (heartbeat {age:.0f} s ago in "
+                f"{self.display}/heartbeats); give this node another id (--node-id), or wait "
+                f"{self.lease - age:.0f} s if that node is gone")
+
+    # ------------------------------------------------------------------ helpers
+
+    def ensure_dir(self, path: str) -> None:
+        """mkdir once per process."""
+        if path in self._made:
+            return
+        self.transport.mkdir(path)
+        with self._made_lock:
+            self._made.add(path)
+
+    def listing(self, directory: str) -> list[Entry]:
+        """The entries of ``directory``, created if missing (then empty)."""
+        try:
+            return self.transport.list(directory)
+        except NotFound:
+            self.ensure_dir(directory)
+            return []
+
+    def put_bytes(self, path: str, data: bytes) -> None:
+        """Write a small file, its directory made first (once per process: servers answer a put
+        into a missing directory variously, vsftpd with 553)."""
+        self.ensure_dir(path.rsplit("/", 1)[0] or "/")
+        self.transport.put(path, io.BytesIO(data))
+
+    def _probe_clock(self) -> tuple[datetime | None, float, float]:
+        path = f"{self.dir}/clock/{self.node_id}"
+        before = self.clock.host_time()
+        self.put_bytes(path, f"{os.getpid()} {before:.3f} {HOST}\n".encode("ascii", "replace"))
+        after = self.clock.host_time()
+        return self.transport.stat(path).mtime, before, after
+
+    # ------------------------------------------------------------------ lock renewal
+
+    def holding(self, lock: ServerLock) -> None:
+        """``lock`` was taken: renew it while it is held (see :meth:`ServerLock.renew`)."""
+        with self._held_lock:
+            self._held.add(lock)
+            if self._renewer is None:
+                self._renewer = threading.Thread(target=self._renew_loop, name="lock-renewer", daemon=True)
+                self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.lock_expiry / 6):
+            with self._held_lock:
+                locks = list(self._held)
+            for lock in locks:
+                try:
+                    lock.renew()
+                except Exception as exc:  # the renewer never dies: the lock then expires
+                    log.warning("%s: cannot renew: %s: %s", lock.dir, type(exc).__name__, exc)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ServerHeartbeat(Heartbeat):
+    """This node's heartbeat file on the coordination server.
+
+    Each beat writes ``heartbeats/<node-id>`` (pid, this host's time, its estimate of the
+    server's time, host name) and reads back the mtime the server gave it: other nodes judge
+    the beat by that mtime, and this process learns the server's clock from it.
+    """
+
+    def __init__(self, coordination: ServerCoordination, interval: float, *,
+                 health: Health | None = None) -> None:
+        # ``dir`` and ``path`` name the remote file in the base class's messages.
+        super().__init__(Path(coordination.dir), coordination.node_id, interval, health=health)
+        self.coordination = coordination
+        self.remote = coordination.heartbeat_path(coordination.node_id)
+
+    def beat(self) -> None:
+        c = self.coordination
+        before = c.clock.host_time()
+        estimate = before + (c.clock.offset or 0.0)
+        line = f"{os.getpid()} {before:.3f} {estimate:.3f} {HOST}\n"
+        c.put_bytes(self.remote, line.encode("ascii", "replace"))
+        after = c.clock.host_time()
+        c.clock.sample(c.transport.stat(self.remote).mtime, before, after)
+
+    def start(self) -> None:
+        try:
+            self.beat()
+        except FtpbcError as exc:  # a server not reachable yet: the next interval tries again
+            log.warning("heartbeat %s: cannot write it yet: %s: %s", self.remote, type(exc).__name__, exc)
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self.path.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, remove: bool = True) -> None:
+        super().stop(remove=False)
+        if remove:
+            try:
+                self.coordination.transport.delete(self.remote)
+            except NotFound:
+                pass
+            except FtpbcError as exc:
+                log.warning("heartbeat %s: cannot remove it (it goes stale after the lease): %s",
+                            self.remote, exc)
+
+
+class ServerLock:
+    """The poll lock's cross-node part on the server: one token in ``dir`` (module docstring).
+
+    A token is two files: ``token.<id>``, its marker, created once and never renamed, and
+    ``lock.<id>``, renamed to take, renew and give back the lock.  Every decision about which
+    tokens exist is made from the markers: a listing made while another node renames a file may
+    show neither its old name nor its new one (servers read the directory, then stat each
+    name), whereas an entry nobody touches is always listed.
+
+    Implements :class:`~ftpbc.cluster.poll_lock.CrossLock`; called under the T_LOCK, so by one
+    thread of the process at a time, while the renewer thread may renew a held token.
+    """
+
+    def __init__(self, coordination: ServerCoordination, directory: str) -> None:
+        self.c = coordination
+        self.dir = directory
+        self._token: str | None = None  # id of the token as last seen
+        self._held: str | None = None   # its held name while this process holds it
+        self._renew_at = 0.0
+        self._scanned = -RESCAN
+        self._rescan = RESCAN
+        self._alone: set[str] = set()   # tokens a listing has shown alone since their creation
+        self._mutex = threading.Lock()  # between the holder's release and the renewer
+        self._warned: str | None = None
+
+    # ------------------------------------------------------------------ CrossLock
+
+    def acquire(self, wait: float) -> bool:
+        deadline = time.monotonic() + wait
+        while True:
+            if self._try():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(0.05 + random.uniform(0, 0.05), left))  # the wait= of recovery only
+
+    def bypass(self) -> bool:
+        return False  # an expired token is taken over in acquire()
+
+    def release(self) -> None:
+        with self._mutex:
+            held, self._held = self._held, None
+            if held is None or self._token is None:
+                return
+            try:
+                self.c.transport.rename(f"{self.dir}/{held}", f"{self.dir}/lock.{self._token}")
+            except NotFound:
+                log.warning("%s: the lock was taken over while this node held it (held past its "
+                            "expiry: a paused process?)", self.dir)
+            except FtpbcError as exc:
+                log.warning("%s: cannot give the lock back (others take it over after %g s): %s",
+                            self.dir, self.c.lock_expiry, exc)
+
+    def close(self) -> None:
+        pass
+
+    # ------------------------------------------------------------------ taking it
+
+    def _held_name(self, token: str) -> str:
+        expiry = int((self.c.clock.now() + self.c.lock_expiry) * 1000)
+        return f"lock.{token}~{self.c.node_id}+{self.c.run}~{expiry}"
+
+    def _try(self) -> bool:
+        if self._token is not None:
+            token = self._token
+            held = self._held_name(token)
+            try:
+                self.c.transport.rename(f"{self.dir}/lock.{token}", f"{self.dir}/{held}")
+            except NotFound:
+                if time.monotonic() - self._scanned < self._rescan:
+                    return False
+            except OutcomeUnknown:
+                pass  # perhaps ours now: the listing tells (a token held by this very run)
+            else:
+                return self._hold(token, held)
+        return self._from_listing()
+
+    def _scan(self) -> tuple[set[str], dict[str, Token]]:
+        """The marked token ids, and the lock files of those seen."""
+        self._scanned = time.monotonic()
+        self._rescan = RESCAN * random.uniform(0.5, 1.5)  # racing nodes fall out of step
+        marked: set[str] = set()
+        movers: dict[str, Token] = {}
+        for e in self.c.listing(self.dir):
+            if e.name.startswith("token.") and _TOKEN_ID_RE.fullmatch(e.name[6:]):
+                marked.add(e.name[6:])
+            elif (t := Token.parse(e.name)) is not None:
+                movers[t.id] = t
+        return marked, {i: t for i, t in movers.items() if i in marked}
+
+    def _from_listing(self) -> bool:
+        marked, movers = self._scan()
+        if not marked:
+            token = secrets.token_hex(8)
+            self.c.put_bytes(f"{self.dir}/lock.{token}", b"")
+            self.c.put_bytes(f"{self.dir}/token.{token}", b"")  # after: a token is used once marked
+            marked, movers = {token}, {token: Token(f"lock.{token}", token)}
+        if len(marked) > 1:
+            marked = self._prune(marked, movers)
+        now = self.c.clock.now()
+
+        def rank(t: Token) -> int:
+            if t.node == self.c.node_id:
+                return 0  # ours: a lost reply, or a previous run of this node (dead: ids are unique)
+            return 1 if not t.held else 2 if t.expiry <= now else 3
+
+        for t in sorted((movers[i] for i in marked if i in movers), key=rank):
+            if rank(t) == 3:
+                break
+            held = self._held_name(t.id)
+            try:
+                self.c.transport.rename(f"{self.dir}/{t.name}", f"{self.dir}/{held}")
+            except NotFound:
+                continue
+            if rank(t) == 2 and self._warned != t.name:
+                self._warned = t.name
+                log.warning("%s: took over the lock of node %s, expired %.1f s ago", self.dir, t.node,
+                            now - t.expiry)
+            return self._hold(t.id, held)
+        self._token = min(marked)
+        return False
+
+    def _drop(self, token: str, held: str) -> None:
+        """Delete a token this process holds: its marker first (a crash in between leaves an
+        unmarked lock file, which nobody uses), then the lock file."""
+        for name in (f"token.{token}", held):
+            try:
+                self.c.transport.delete(f"{self.dir}/{name}")
+            except NotFound:
+                pass
+
+    def _prune(self, marked: set[str], movers: dict[str, Token]) -> set[str]:
+        """Of several tokens (created at once), the one with the smallest id stays: every other
+        free one is taken (so that nobody holds it) and deleted.  Held ones are left to their
+        holders, who delete them when they find the smaller one (:meth:`_hold`)."""
+        keep = min(marked)
+        left = set(marked)
+        for i in sorted(marked - {keep}):
+            t = movers.get(i)
+            if t is None or t.held:
+                continue
+            held = self._held_name(i)
+            try:
+                self.c.transport.rename(f"{self.dir}/{t.name}", f"{self.dir}/{held}")
+            except NotFound:
+                continue
+            self._drop(i, held)
+            left.discard(i)
+            log.info("%s: removed the extra lock token %s", self.dir, i)
+        return left
+
+    def _hold(self, token: str, held: str) -> bool:
+        if token not in self._alone:
+            # Is it the only token?  Two nodes that both found none made one each: the smallest
+            # id stays (given back free, to be used once alone), the others are deleted by
+            # their holders.  Only a holder deletes a token, never one in use, so a token in
+            # use is always marked, and of two tokens in use one would have seen the other.
+            marked, _ = self._scan()
+            others = marked - {token}
+            if others:
+                try:
+                    if token < min(others):
+                        self.c.transport.rename(f"{self.dir}/{held}", f"{self.dir}/lock.{token}")
+                    else:
+                        self._drop(token, held)
+                        log.info("%s: two lock tokens (created at once); removed %s", self.dir, token)
+                except NotFound:
+                    pass
+                self._token = min(marked | {token})
+                return False
+            self._alone.add(token)
+        with self._mutex:
+            self._token = token
+            self._held = held
+            self._renew_at = time.monotonic() + self.c.lock_expiry / 3
+        self.c.holding(self)
+        return True
+
+    def renew(self) -> None:
+        """Push a held token's expiry forward once a third of it has passed (renewer thread)."""
+        with self._mutex:
+            if self._held is None or self._token is None or time.monotonic() < self._renew_at:
+                return
+            new = self._held_name(self._token)
+            try:
+                self.c.transport.rename(f"{self.dir}/{self._held}", f"{self.dir}/{new}")
+            except NotFound:
+                log.warning("%s: the lock was taken over while this node held it (held past its "
+                            "expiry: a paused process?)", self.dir)
+                self._held = None
+                return
+            self._held = new
+            self._renew_at = time.monotonic() + self.c.lock_expiry / 3
+
+
+class ServerSequences:
+    """Cluster-wide sequences as files whose names hold their values (a
+    :class:`~ftpbc.sequences.SharedSequences`; module docstring).
+
+    Beside each value file ``<base>.<N>`` sits its marker ``<base>~created``, written once when
+    the sequence is created and never renamed: a listing taken while another node draws may miss
+    the value file (between its two names), never the marker, so "no marker" is what "no such
+    sequence yet" means, and "a marker but no value" means "list again".
+    """
+
+    def __init__(self, coordination: ServerCoordination, *, lock_timeout: float = 30.0) -> None:
+        self.c = coordination
+        self.lock_timeout = lock_timeout
+        self._known: dict[str, int] = {}
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+        self._create_lock: PollLock | None = None
+
+    def _where(self, kind: SequenceKind, endpoint: str | None, key: str) -> tuple[str, str]:
+        if kind == "global":
+            return f"{self.c.dir}/sequences", check_sequence_name(key)
+        if kind != "shared":
+            raise SequenceError(f"{kind} sequence {key!r} is not kept on the server")
+        if not endpoint:
+            raise SequenceError(f"shared sequence {key!r} needs an endpoint name")
+        if len(key) != 1 or not key.isdigit():
+            raise SequenceError(f"shared sequence of endpoint {endpoint!r}: expected a digit 0-9, "
+                                f"got {key!r}")
+        return f"{self.c.dir}/endpoint-sequences/{endpoint_uuid(endpoint)}", f"sequence{key}"
+
+    def location(self, kind: SequenceKind, endpoint: str | None, key: str) -> PurePath:
+        directory, base = self._where(kind, endpoint, key)
+        return PurePosixPath(directory) / f"{base}.<value>"
+
+    def _thread_lock(self, path: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(path, threading.Lock())
+
+    # ------------------------------------------------------------------ operations
+
+    def next(self, kind: SequenceKind, endpoint: str | None, key: str) -> int:
+        directory, base = self._where(kind, endpoint, key)
+        path = f"{directory}/{base}"
+        with self._thread_lock(path):
+            deadline = time.monotonic() + self.lock_timeout
+            value = self._known.pop(path, None)
+            lost = 0
+            while True:
+                if value is None:
+                    value = self._current(directory, base, endpoint, create=True)
+                if value is not None:
+                    try:
+                        self.c.transport.rename(f"{path}.{value}", f"{path}.{value + 1}")
+                    except NotFound:
+                        lost += 1  # another node drew it: read the value there and try again
+                    except OutcomeUnknown:
+                        lost += 1  # perhaps drawn by this very rename: the value is never used
+                    else:
+                        self._known[path] = value + 1
+                        return value
+                value = None
+                if time.monotonic() > deadline:
+                    raise SequenceError(f"{path}: no value drawn within {self.lock_timeout:g} s "
+                                        f"({lost} races lost to other nodes)")
+                if lost > 1:
+                    # Spread the racers out (a few milliseconds at most).
+                    time.sleep(random.uniform(0, min(0.0005 * 2 ** min(lost, 8), 0.05)))
+
+    def get(self, kind: SequenceKind, endpoint: str | None, key: str) -> int:
+        directory, base = self._where(kind, endpoint, key)
+        deadline = time.monotonic() + self.lock_timeout
+        while True:
+            value = self._current(directory, base, endpoint, create=False)
+            if value is not None:
+                return value
+            if time.monotonic() > deadline:
+                raise SequenceError(f"{directory}/{base}: its value file stays out of sight")
+
+    def set(self, kind: SequenceKind, endpoint: str | None, key: str, value: int) -> None:
+        if value < 0:
+            raise SequenceError(f"sequence {key!r}: value must be 0 or more, got {value}")
+        directory, base = self._where(kind, endpoint, key)
+        path = f"{directory}/{base}"
+        with self._thread_lock(path):
+            self._known.pop(path, None)
+            deadline = time.monotonic() + self.lock_timeout
+            while True:
+                current = self._current(directory, base, endpoint, create=True)
+                if current == value:
+                    return
+                if current is not None:
+                    try:
+                        self.c.transport.rename(f"{path}.{current}", f"{path}.{value}")
+                        return
+                    except NotFound:
+                        pass
+                if time.monotonic() > deadline:
+                    raise SequenceError(f"{path}: could not set it within {self.lock_timeout:g} s "
+                                        "(other nodes keep drawing from it)")
+
+    # ------------------------------------------------------------------ internals
+
+    def _entries(self, directory: str) -> list[Entry]:
+        try:
+            return self.c.transport.list(directory)
+        except NotFound:
+            return []
+
+    def _current(self, directory: str, base: str, endpoint: str | None, *, create: bool) -> int | None:
+        """The sequence's value on the server; None if its value file was out of sight (being
+        renamed: list again).  A sequence without a marker is 0, or created if ``create``.
+
+        Should a second value file ever sit beside the current one (a creation that raced a
+        node paused past the creation lock's expiry), the highest value is the current one.
+        """
+        names = {e.name for e in self._entries(directory)}
+        if base + _CREATED in names:
+            return _top(names, base)
+        if not create:
+            return 0
+        return self._create(directory, base, endpoint)
+
+    def _create(self, directory: str, base: str, endpoint: str | None) -> int | None:
+        if self._create_lock is None:
+            self._create_lock = PollLock.over(f"{self.c.display}/sequences.lock",
+                                              ServerLock(self.c, f"{self.c.dir}/sequences.lock"))
+        with self._create_lock.attempt(wait=self.lock_timeout) as held:
+            if not held:
+                raise SequenceError(f"{directory}/{base}: could not take {self.c.dir}/sequences.lock "
+                                    f"within {self.lock_timeout:g} s to create the sequence")
+            names = {e.name for e in self._entries(directory)}
+            value = _top(names, base)
+            if base + _CREATED in names:
+                return value
+            # Nobody draws from an unmarked sequence, so its value file (if a creation was cut
+            # short after writing it) is not moving: this listing shows it.
+            self.c.ensure_dir(directory)
+            if endpoint is not None and "endpoint" not in names:
+                self.c.put_bytes(f"{directory}/endpoint", endpoint.encode("utf-8") + b"\n")
+            if value is None:
+                value = 0
+                self.c.put_bytes(f"{directory}/{base}.0", b"")
+            self.c.put_bytes(f"{directory}/{base}{_CREATED}", b"")
+            log.info("%s/%s: new sequence", directory, base)
+            return value
+
+    def list(self) -> list[SequenceInfo]:
+        found: list[SequenceInfo] = []
+        root = f"{self.c.dir}/endpoint-sequences"
+        for ep_dir in sorted(e.name for e in self._entries(root) if e.is_dir):
+            directory = f"{root}/{ep_dir}"
+            names = {e.name for e in self._entries(directory)}
+            endpoint = ep_dir
+            if "endpoint" in names:
+                buf = io.BytesIO()
+                try:
+                    self.c.transport.get(f"{directory}/endpoint", buf)
+                    endpoint = buf.getvalue().decode("utf-8", "replace").strip() or ep_dir
+                except NotFound:
+                    pass
+            for digit in "0123456789":
+                base = f"sequence{digit}"
+                if base + _CREATED in names:
+                    value = _top(names, base)
+                    found.append(SequenceInfo("shared", endpoint, digit,
+                                              PurePosixPath(directory) / f"{base}.{value}",
+                                              value if value is not None else self.get("shared", endpoint,
+                                                                                       digit)))
+        directory = f"{self.c.dir}/sequences"
+        names = {e.name for e in self._entries(directory)}
+        for marker in sorted(n for n in names if n.endswith(_CREATED)):
+            base = marker[:-len(_CREATED)]
+            if SEQUENCE_NAME_RE.fullmatch(base):
+                value = _top(names, base)
+                if value is None:
+                    value = self.get("global", None, base)
+                found.append(SequenceInfo("global", None, base, PurePosixPath(directory) / f"{base}.{value}",
+                                          value))
+        return found
+
+
+_CREATED = "~created"
+
+
+def _value(name: str, base: str) -> int | None:
+    if not name.startswith(base + "."):
+        return None
+    digits = name[len(base) + 1:]
+    return int(digits) if digits.isdigit() and len(digits) <= 18 else None
+
+
+def _top(names: Iterable[str], base: str) -> int | None:
+    values = [v for n in names if (v := _value(n, base)) is not None]
+    return max(values) if values else None
