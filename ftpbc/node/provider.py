@@ -47,6 +47,9 @@ LOCK_RETRY = 0.005
 CLAIM_WINDOW = 8
 #: a poll gives up on a remembered backlog after this many attempts per claim it wanted
 STALE_TRIES = 4
+#: a remembered backlog is relisted after poll_interval, or after this many times what its
+#: listing took if that is longer (bounds the share of the poller spent listing)
+RELIST_COST_FACTOR = 5
 #: first wait after a poll that found work; doubles up to poll_interval
 FIRST_IDLE_WAIT = 0.002
 #: how long a stopping node still tries to deliver results already recorded
@@ -273,8 +276,9 @@ class Provider(Poller):
         self.in_place = lifecycle.layout.select is None
         # What the last listing found and this node has not claimed yet, best first.
         self._backlog: deque[Candidate] = deque()
-        #: when the listing behind the backlog was made (time.monotonic)
+        #: when the listing behind the backlog was made (time.monotonic), and how long it took
         self._listed_at = 0.0
+        self._listing_seconds = 0.0
         #: messages this node found expired and filed, never delivered
         self.expired = 0
 
@@ -301,17 +305,23 @@ class Provider(Poller):
             return sum(1 for c in claimed if not self._stop.is_set() and self._serve_one(c))
         listed = False
         won = lost = tried = 0
-        if self._backlog and time.monotonic() - self._listed_at >= self.config.poll_interval:
+        relist_after = max(self.config.poll_interval, RELIST_COST_FACTOR * self._listing_seconds)
+        if self._backlog and time.monotonic() - self._listed_at >= relist_after:
             # Relisted once it is a poll_interval old, used up or not: a message that arrived
             # since (a priority 9 behind 2,000 of priority 4) waits one interval at most, and a
-            # large backlog costs one listing per interval, as an idle endpoint does.
+            # large backlog costs one listing per interval, as an idle endpoint does.  Unless
+            # the listing itself takes longer than a fraction of that interval (10,000 entries
+            # at a short poll_interval): then it is relisted after RELIST_COST_FACTOR listing
+            # times, so listing never takes more than about 1/RELIST_COST_FACTOR of the poller.
             self._backlog.clear()
         while won < free and tried < STALE_TRIES * free:
             if not self._backlog:
                 if listed:
                     break
+                started = time.monotonic()
                 self._backlog = deque(lc.waiting())
                 self._listed_at = time.monotonic()
+                self._listing_seconds = self._listed_at - started
                 self.observer.listed(c.mtime for c in self._backlog)
                 listed = True
                 self._expire_found(free)
@@ -418,7 +428,8 @@ class Provider(Poller):
             try:
                 size = lc.read(claimed, spool)  # type: ignore[arg-type]
             except UnsafeEntry as exc:
-                outcome = lc.file_error(claimed, f"{type(exc).__name__}: {exc}")
+                # Replaced by a link (or a fifo) since it was claimed: moved as it is, unopened.
+                outcome = lc.file_error(claimed, f"{type(exc).__name__}: {exc}", refused=True)
                 log.warning("%s: %s is not a file it can read: %s", self.name, claimed.name, outcome)
                 self.stats.add(failed=1)
                 return False
