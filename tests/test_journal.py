@@ -176,8 +176,10 @@ def test_journal_command_lists_pending_and_recover_decides_them(cluster: Cluster
 def _journal_with_two_sends(tmp_path: Path) -> Path:
     j = Journal(tmp_path, "n")
     ep = j.endpoint(ENDPOINT)
-    ep.record("u1.send", "send", durable=True, kind="request", stage="/q/instage/req.u1~n", target="/q/inbox/req.u1")
-    ep.record("u2.send", "send", durable=True, kind="request", stage="/q/instage/req.u2~n", target="/q/inbox/req.u2")
+    ep.record("u1.send", "send", durable=True, kind="request", stage="/q/instage/req.u1~n",
+              target="/q/inbox/req.u1")
+    ep.record("u2.send", "send", durable=True, kind="request", stage="/q/instage/req.u2~n",
+              target="/q/inbox/req.u2")
     j.close()
     return ep.path
 
@@ -290,4 +292,5 @@ def test_ftpbc_journal_names_the_damaged_line_and_fails(cluster: Cluster) -> Non
         r = run_cli(cluster, command, node_id="n1")
         assert r.returncode != 0, (command, r.stdout, r.stderr)
         errors = [line for line in r.stderr.splitlines() if line.strip()]
-        assert len(errors) == 1 and f"{ep.path}:1:" in errors[0] and "checksum" in errors[0], (command, r.stderr)
+        assert len(errors) == 1, (command, r.stderr)
+        assert f"{ep.path}:1:" in errors[0] and "checksum" in errors[0], (command, r.stderr)
