@@ -34,6 +34,7 @@ from ftpbc.errors import (
     RequestExpired,
     RequestTimeout,
     TransportError,
+    UnsafeEntry,
 )
 from ftpbc.exchange.deadletter import DeadLetters
 from ftpbc.exchange.envelope import ERROR_TYPE, EXPIRED_TYPE
@@ -162,6 +163,11 @@ class _ResponsePoller:
         buf = io.BytesIO()
         try:
             lc.read(claimed, buf)
+        except UnsafeEntry as exc:
+            # Replaced by a link (or a fifo) since it was claimed: filed as it is, unopened.
+            what = lc.file_error(claimed, f"{type(exc).__name__}: {exc}", refused=True)
+            log.warning("%s: %s is not a file it can read: %s", self.endpoint, claimed.name, what)
+            return
         except NotFound:
             lc.journal.end(claimed.op_id)  # returned by a sweeper; seen next poll
             return

@@ -9,7 +9,9 @@ socket and every client connection closed, thread joined) once :meth:`stop` retu
 data ports come from a window below 32768, because inside the kernel's ephemeral range a port
 held in TIME_WAIT makes passive binds fail (see MEASUREMENTS.md); if the whole window is busy
 pyftpdlib falls back to a kernel-assigned port.  With ``certfile`` it is an FTPS server (explicit
-``AUTH TLS``, or TLS from the first byte with ``implicit_tls=True``).
+``AUTH TLS``, or TLS from the first byte with ``implicit_tls=True``) that requires TLS on the
+control connection before login and on every data connection (``PROT P``).  The user may do what
+ftpbc does and no more: no ``SITE CHMOD``.
 
 Not guaranteed: this is a single-user test and demo server; it is not hardened for the internet
 (pyftpdlib's 3 s delay after a failed login is kept by default, nothing more).
@@ -37,8 +39,10 @@ from pyftpdlib.servers import FTPServer
 #: passive ports are drawn from a window of this size placed at random in PASSIVE_RANGE
 PASSIVE_WINDOW = 400
 PASSIVE_RANGE = (20000, 32000)
-#: every right pyftpdlib knows: list, read, write, rename, delete, mkdir, chmod, mtime...
-FULL_PERMS = "elradfmwMT"
+#: the rights ftpbc needs: cwd, list, retrieve, append, delete, rename, mkdir, store, set mtime.
+#: Not ``M`` (SITE CHMOD): ftpbc never changes modes, and a client that could would make the
+#: served root, and everything the node user owns below it, writable by every local user.
+USER_PERMS = "elradfmwT"
 
 
 class EmbeddedFTPServer:
@@ -164,7 +168,7 @@ class EmbeddedFTPServer:
     def _handler_class(self, auth_failed_delay: float, masquerade_address: str | None,
                        disabled_commands: tuple[str, ...]) -> type[FTPHandler]:
         authorizer = DummyAuthorizer()
-        authorizer.add_user(self.user, self._password, str(self.root), perm=FULL_PERMS)
+        authorizer.add_user(self.user, self._password, str(self.root), perm=USER_PERMS)
         base: type[FTPHandler] = TLS_FTPHandler if self.certfile else FTPHandler
         embedded = self
         implicit = self.implicit_tls
@@ -196,6 +200,10 @@ class EmbeddedFTPServer:
         Handler.masquerade_address = masquerade_address
         Handler.proto_cmds = {k: v for k, v in base.proto_cmds.items() if k not in disabled_commands}
         if self.certfile:
+            # With a certificate, TLS is not optional: USER/PASS are refused (550) before AUTH TLS,
+            # and PASV/EPSV before PROT P, so neither the password nor a file travels in clear.
+            Handler.tls_control_required = True
+            Handler.tls_data_required = True
             Handler.certfile = str(self.certfile)
             Handler.keyfile = str(self.keyfile) if self.keyfile else None
             Handler.ssl_context = None  # built per class from certfile/keyfile on first use

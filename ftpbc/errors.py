@@ -122,6 +122,11 @@ class HostKeyRejected(AuthenticationFailed):
     """The SFTP server's host key is not in known_hosts (or differs from it)."""
 
 
+class HostKeyRevoked(HostKeyRejected):
+    """The SFTP server presented a key that known_hosts marks ``@revoked``: refused whatever
+    else the file says about it."""
+
+
 class TLSFailed(TransportError):
     """The TLS handshake or certificate verification failed."""
 

@@ -25,6 +25,9 @@ Guarantees of :meth:`SequenceStore.next`:
   returned again, even after a power loss;
 * a file that does not hold a number raises :class:`SequenceError` naming it: never a reset.
 
+Every directory, sequence, lock and temporary file is created private to the node's user
+(``0700``/``0600`` whatever the umask: :mod:`ftpbc.private_files`).
+
 Not guaranteed: values drawn by two sequences in one name are not taken atomically together; a
 process killed after the rename but before using its value leaves a gap (values are unique, not
 necessarily all used).
@@ -48,6 +51,7 @@ from typing import Literal, Protocol
 from filelock import FileLock, Timeout
 
 from ftpbc.errors import SequenceError
+from ftpbc.private_files import FILE_MODE, open_private, private_dir, tighten, write_private
 
 SequenceKind = Literal["local", "shared", "global", "transient"]
 KINDS: tuple[SequenceKind, ...] = ("local", "shared", "global", "transient")
@@ -130,8 +134,11 @@ class _PathLocks:
                 # thread_local=False: the thread lock already gives one thread at a time the object.
                 # fallback_to_soft=False: a "soft" existence lock would outlive a SIGKILLed holder.
                 # A short poll keeps waiting processes close behind the holder (filelock polls).
+                # mode: created 0600 whatever the umask (filelock fchmods a file it creates);
+                # one left 0644 by an older version is tightened here, once per process.
                 flock = FileLock(f"{key}{_LOCK_SUFFIX}", timeout=timeout, thread_local=False,
-                                 poll_interval=0.0005, fallback_to_soft=False)
+                                 poll_interval=0.0005, fallback_to_soft=False, mode=FILE_MODE)
+                tighten(Path(f"{key}{_LOCK_SUFFIX}"), FILE_MODE)
                 pair = (threading.Lock(), flock)
                 self._locks[key] = pair
             return pair
@@ -303,13 +310,13 @@ class SequenceStore:
     def _ensure_dir(self, directory: Path, endpoint: str | None) -> None:
         if directory in self._made_dirs:
             return
-        if directory.is_dir():
-            self._made_dirs.add(directory)
-            return
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            if endpoint is not None:
-                (directory / _ENDPOINT_NAME_FILE).write_text(endpoint + "\n", encoding="utf-8")
+            existed = directory.is_dir()
+            # 0700 whatever the umask (and tightened if it exists): who can write a sequence file
+            # can make two messages get one name
+            private_dir(directory)
+            if endpoint is not None and not existed:
+                write_private(directory / _ENDPOINT_NAME_FILE, (endpoint + "\n").encode())
             self._made_dirs.add(directory)
         except OSError as exc:
             raise SequenceError(f"{directory}: cannot create sequence directory: "
@@ -318,7 +325,7 @@ class SequenceStore:
     def _write(self, path: Path, value: int) -> None:
         tmp = path.with_name(path.name + _TMP_SUFFIX)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
             try:
                 os.write(fd, f"{value}\n".encode("ascii"))
                 if self.durable:

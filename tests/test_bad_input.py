@@ -119,6 +119,16 @@ def test_wrong_type_names_key_and_value(tmp_path: Path) -> None:
                                 "expected a number, got 'fast'")
 
 
+@pytest.mark.parametrize("node_id", ['"node-a\\n"', '"node a"', '"../x"', '""'])
+def test_a_node_id_outside_its_alphabet_is_refused(tmp_path: Path, node_id: str) -> None:
+    # A trailing line break once passed: it made a node's server lock token unparsable.
+    path = write(tmp_path, GOOD.replace("node:\n", f"node:\n  id: {node_id}\n"))
+    result = check(path)
+    assert result.returncode == 2
+    assert re.fullmatch(rf"ftpbc: error: {re.escape(str(path))}:2: node\.id: .*must be 1-64 characters.*",
+                        one_line(result)), result.stderr
+
+
 def test_unknown_server_reference(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD.replace("    server: files", "    server: partner"))
     result = check(path)

@@ -14,18 +14,24 @@ Every server started here is on loopback and is stopped by the test that started
 from __future__ import annotations
 
 import io
+import logging
 import os
+import socket
 import stat
 import threading
 import time
+import uuid as uuidlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import paramiko
 import pytest
 
+from ftpbc.client import Client
 from ftpbc.config.loader import parse_config
+from ftpbc.config.models import Config
 from ftpbc.config.servers import ServerConfig
 from ftpbc.errors import (
     ConfigError,
@@ -33,17 +39,24 @@ from ftpbc.errors import (
     NotFound,
     OutcomeUnknown,
     ProtocolError,
+    RemoteHandlerError,
     SourceGone,
     TransportTimeout,
     UnsafeEntry,
 )
+from ftpbc.exchange import area as area_module
+from ftpbc.exchange.layout import AreaLayout
+from ftpbc.exchange.lifecycle import Lifecycle
+from ftpbc.exchange.message import Message
 from ftpbc.journal import Journal
 from ftpbc.journal import store as store_module
+from ftpbc.node.serve import Node
 from ftpbc.transport import open_transport
 from ftpbc.transport.local import LocalTransport
 from tests.servers.handle import ServerHandle
 from tests.servers.hostile import HostileFTPServer, HostileSFTPServer, RecordingProxy
 from tests.servers.pyftpd import TLSMaterial
+from tests.support import wait_until
 
 SECRET = b"machine partner login app password hunter2\n"
 
@@ -453,3 +466,295 @@ def test_clear_text_sent_after_the_auth_tls_reply_is_refused(tls_material: TLSMa
     assert isinstance(error, ProtocolError), repr(error)
     assert "after its reply to AUTH TLS" in str(error)
     assert server.commands == ["AUTH TLS"]
+
+
+# --------------------------------------------------------------------------- refused entries, whole nodes
+
+#: a request id and a time stamp fixed by the tests below, so that every name a node will use
+#: is known beforehand, as a partner watching the repository would learn it
+FIXED_UUID = "0b7e8a64-5c1a-4d2e-9f3b-aa0000000001"
+FAILING_UUID = "0b7e8a64-5c1a-4d2e-9f3b-aa0000000002"
+FIXED_STAMP = "20260101T000000.000Z"
+
+
+def _repository_config(tmp_path: Path, node_id: str) -> Config:
+    return Config.model_validate({
+        "node": {"id": node_id, "state_dir": str(tmp_path / "state"),
+                 "journal_dir": str(tmp_path / "journals")},
+        "servers": {"files": {"url": f"file://{tmp_path / 'exchange'}"}},
+        "endpoints": {"ep": {"server": "files", "repository": "/ep", "poll_interval": 0.02,
+                             "timeout": 20}},
+    })
+
+
+class _Outside:
+    """Files of the node's user outside the repository, and what they were: a test ends by
+    checking that none was written, replaced or added to, and that no byte of them went out."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.secret = root / "home" / ".netrc"
+        self.secret.parent.mkdir(parents=True)
+        self.secret.write_bytes(SECRET)
+        self.secret.chmod(0o600)
+        self.dir = root / "home" / "ssh"
+        self.dir.mkdir()
+        (self.dir / "id_ed25519").write_bytes(b"-----BEGIN OPENSSH PRIVATE KEY----- partner-must-not-see\n")
+        self.before = self.snapshot()
+
+    def snapshot(self) -> dict[str, tuple[bool, bytes, int, int]]:
+        out = {}
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            for name in dirnames + filenames:
+                p = Path(dirpath, name)
+                st = p.lstat()
+                body = p.read_bytes() if stat.S_ISREG(st.st_mode) else b""
+                out[str(p.relative_to(self.root))] = (stat.S_ISDIR(st.st_mode), body, st.st_mtime_ns,
+                                                      stat.S_IMODE(st.st_mode))
+        return out
+
+    def assert_untouched(self, repository: Path, *answers: bytes) -> None:
+        assert self.snapshot() == self.before  # same files, contents, times and modes; none new
+        secrets_ = [SECRET.strip(), b"partner-must-not-see"]
+        for answer in answers:
+            assert not any(s in answer for s in secrets_), answer
+        for dirpath, _, filenames in os.walk(repository):
+            for name in filenames:
+                p = Path(dirpath, name)
+                if p.is_symlink() or not p.is_file():
+                    continue
+                body = p.read_bytes()
+                assert not any(s in body for s in secrets_), p
+
+
+def _plant_link(path: Path, to: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(to, target_is_directory=to.is_dir())
+
+
+def _echo_or_fail(message: Message) -> bytes:
+    if message.uuid == FAILING_UUID:
+        raise ValueError("handler failed on purpose")
+    return b"re:" + message.body
+
+
+@pytest.fixture
+def fixed_names(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Request UUIDs taken from a list (FIXED_UUID, then FAILING_UUID), and every archive and
+    error name stamped FIXED_STAMP, so the tests can plant links at the exact names."""
+    uuids = [FIXED_UUID, FAILING_UUID]
+    monkeypatch.setattr("ftpbc.exchange.runtime.uuidlib", SimpleNamespace(
+        uuid4=lambda: uuidlib.UUID(uuids.pop(0)) if uuids else uuidlib.uuid4()))
+    monkeypatch.setattr(area_module, "stamp", lambda when: FIXED_STAMP)
+    yield uuids
+
+
+def test_links_at_every_predictable_name_are_never_followed_by_a_node_or_a_client(
+        tmp_path: Path, fixed_names: list[str], started: list[Any]) -> None:
+    """Links (to a private file, to a private directory), a fifo, a socket and a hard link
+    planted at every name a node or a client will use for a request that is served and for one
+    whose handler fails: both round trips finish, every planted entry in a box is filed in the
+    error directory, and nothing outside the repository is read, written or added to."""
+    outside = _Outside(tmp_path / "outside")
+    repo = tmp_path / "exchange"
+    ep = repo / "ep"
+    secret, private_dir = outside.secret, outside.dir
+    u, f = FIXED_UUID, FAILING_UUID
+    # Decoys in the inbox: never read, filed in inerror.
+    _plant_link(ep / "inbox" / "req.0b7e8a64-5c1a-4d2e-9f3b-aa00000000aa", secret)
+    _plant_link(ep / "inbox" / "req.0b7e8a64-5c1a-4d2e-9f3b-aa00000000ab", private_dir)
+    os.mkfifo(ep / "inbox" / "req.0b7e8a64-5c1a-4d2e-9f3b-aa00000000ac")
+    (ep / "inbox" / "req.0b7e8a64-5c1a-4d2e-9f3b-aa00000000ad").mkdir()
+    # Every name the two requests will take on their way.
+    planted = [f"instage/req.{u}~cli", f"outstage/resp.{u}~node-a",
+               f"outbox/resp.{u}", f"outselect/resp.{u}~cli", f"inarchive/req.{u}~node-a~{FIXED_STAMP}",
+               f"outarchive/resp.{u}~cli~{FIXED_STAMP}",
+               f"instage/req.{f}~cli", f"inselect/req.{f}~node-a",
+               f"inerror/req.{f}~node-a~{FIXED_STAMP}", f"inerror/req.{f}~node-a~{FIXED_STAMP}.reason",
+               f"outbox/resp.{f}.error", f"outselect/resp.{f}.error~cli",
+               f"outarchive/resp.{f}.error~cli~{FIXED_STAMP}"]
+    for name in planted:
+        _plant_link(ep / name, secret)
+    # a link to a directory at the claim name (a rename replaces the link, never fills the
+    # directory), and a hard link to .netrc at a stage name (a put replaces it, never writes it)
+    _plant_link(ep / f"inselect/req.{u}~node-a", private_dir)
+    (ep / "outstage").mkdir(exist_ok=True)
+    os.link(secret, ep / f"outstage/resp.{f}.error~node-a")
+
+    node = Node(_repository_config(tmp_path, "node-a"), handlers={"ep": _echo_or_fail})
+    started.append(node)
+    node.start()
+    client = Client(_repository_config(tmp_path, "cli"))
+    started.append(client)
+
+    assert client.request("ep", b"hello", timeout=20) == b"re:hello"
+    with pytest.raises(RemoteHandlerError) as failed:
+        client.request("ep", b"fail", timeout=20)
+    assert "ValueError" in failed.value.reason and not fixed_names
+
+    # Every planted name was used (so the names were predicted right): each link there was
+    # replaced by the node's own file, and that file moved on or stayed as the final one.
+    planted += [f"inselect/req.{u}~node-a", f"outstage/resp.{f}.error~node-a"]
+    assert [n for n in planted if (ep / n).is_symlink()] == []
+    assert not (ep / f"outstage/resp.{f}.error~node-a").exists()
+    # The real messages went where they belong, as files, with their own contents.
+    served = ep / f"inarchive/req.{u}~node-a~{FIXED_STAMP}"
+    assert not served.is_symlink() and served.read_bytes() == b"hello"
+    filed = ep / f"inerror/req.{f}~node-a~{FIXED_STAMP}"
+    assert not filed.is_symlink() and filed.read_bytes() == b"fail"
+    reason = Path(f"{filed}.reason")
+    assert not reason.is_symlink() and b"ValueError" in reason.read_bytes()
+    # The decoys were filed in inerror with a reason each by the listing that found the first
+    # request, unopened (the links still point where they did).
+    assert os.listdir(ep / "inbox") == []
+    refused = {p.name: p for p in (ep / "inerror").iterdir() if "aa00000000a" in p.name}
+    assert len(refused) == 8, sorted(refused)
+    for p in refused.values():
+        if p.name.endswith(".reason"):
+            assert p.read_text().startswith("UnsafeEntry: /ep/inbox/req.")
+    kinds = {p.name.split("~")[0][-2:]: p for p in refused.values() if not p.name.endswith(".reason")}
+    assert kinds["aa"].is_symlink() and kinds["ab"].is_symlink()
+    assert stat.S_ISFIFO(kinds["ac"].lstat().st_mode) and kinds["ad"].is_dir()
+
+    node.stop(drain_timeout=2)
+    client.close()
+    outside.assert_untouched(repo, b"re:hello", failed.value.reason.encode())
+
+
+def test_a_linked_repository_directory_holds_a_node_back_until_it_is_removed(
+        tmp_path: Path, started: list[Any], caplog: pytest.LogCaptureFixture) -> None:
+    """A directory of the exchange area replaced by a link to a private directory: the node
+    does not start serving (it creates nothing, lists nothing through it), says why, and
+    starts as soon as the link is gone."""
+    outside = _Outside(tmp_path / "outside")
+    repo = tmp_path / "exchange"
+    for name in ("inarchive", "outstage", "outprotect"):
+        _plant_link(repo / "ep" / name, outside.dir)
+    caplog.set_level(logging.WARNING)
+    node = Node(_repository_config(tmp_path, "node-a"), handlers={"ep": _echo_or_fail})
+    started.append(node)
+    starting = threading.Thread(target=node.start, name="node-start", daemon=True)
+    starting.start()
+    wait_until(lambda: "symbolic link" in caplog.text, what="the refusal in the log")
+    assert starting.is_alive()  # still waiting for a repository it can use
+    outside.assert_untouched(repo)
+
+    for name in ("inarchive", "outstage", "outprotect"):
+        (repo / "ep" / name).unlink()
+    starting.join(30)
+    assert not starting.is_alive()
+    client = Client(_repository_config(tmp_path, "cli"))
+    started.append(client)
+    assert client.request("ep", b"after", timeout=20) == b"re:after"
+    node.stop(drain_timeout=2)
+    client.close()
+    outside.assert_untouched(repo, b"re:after")
+
+
+@pytest.fixture
+def started() -> Iterator[list[Any]]:
+    """Nodes and clients to stop at the end of a test, whatever happened."""
+    things: list[Any] = []
+    yield things
+    for t in reversed(things):
+        if isinstance(t, Node):
+            t.stop(drain_timeout=2)
+        else:
+            t.close()
+
+
+def _inbound(tmp_path: Path) -> tuple[Lifecycle, LocalTransport, Journal]:
+    cfg = _repository_config(tmp_path, "node-a")
+    journal = Journal(tmp_path / "journals", "node-a")
+    t = LocalTransport(tmp_path / "exchange", durable=False)
+    lc = Lifecycle(AreaLayout("ep", cfg.endpoint("ep"), "in"), t, journal.endpoint("ep"), "node-a")
+    lc.prepare()
+    return lc, t, journal
+
+
+def test_entries_in_an_inbox_that_are_not_files_are_filed_as_errors_and_the_rest_served(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A link, a link to a directory, a fifo, a socket and a directory in an inbox go to
+    inerror with a reason beside each, moved as they are (nothing is opened or followed); one
+    that cannot be filed (its name holds a line break no path may carry) is reported once and
+    left, and neither stops the others nor the real request beside them."""
+    outside = _Outside(tmp_path / "outside")
+    lc, t, journal = _inbound(tmp_path)
+    inbox = tmp_path / "exchange/ep/inbox"
+    try:
+        good = f"req.{FIXED_UUID}"
+        (inbox / good).write_bytes(b"a real request")
+        (inbox / "req.link").symlink_to(outside.secret)
+        (inbox / "req.dirlink").symlink_to(outside.dir, target_is_directory=True)
+        (inbox / "req.dangling").symlink_to(tmp_path / "nowhere")
+        os.mkfifo(inbox / "req.fifo")
+        (inbox / "req.dir").mkdir()
+        (inbox / "req.dir" / "inner").write_bytes(b"x")
+        (inbox / "req.back\\slash").symlink_to(outside.secret)
+        (inbox / "req.line\nbreak").symlink_to(outside.secret)
+        sock = socket.socket(socket.AF_UNIX)
+        try:
+            sock.bind(str(inbox / "req.sock"))
+        except OSError:  # a path too long for AF_UNIX: the other kinds still make the point
+            sock.close()
+            sock = None  # type: ignore[assignment]
+        caplog.set_level(logging.WARNING)
+
+        found = [c.name for c in lc.waiting()]
+        assert found == [good]
+        assert sorted(os.listdir(inbox)) == sorted([good, "req.line\nbreak"])
+        errors = sorted(os.listdir(tmp_path / "exchange/ep/inerror"))
+        kinds = {"req.link": "a symbolic link", "req.dirlink": "a symbolic link",
+                 "req.dangling": "a symbolic link", "req.fifo": "a fifo", "req.dir": "a directory",
+                 "req.back_slash": "a symbolic link"}
+        if sock is not None:
+            kinds["req.sock"] = "a socket"
+        assert len(errors) == 2 * len(kinds), errors
+        for name, kind in kinds.items():
+            [filed] = [e for e in errors if e.startswith(name + "~node-a~") and not e.endswith(".reason")]
+            reason = (tmp_path / "exchange/ep/inerror" / (filed + ".reason")).read_text()
+            assert reason.startswith("UnsafeEntry: /ep/inbox/req.") and kind in reason, reason
+        assert (tmp_path / "exchange/ep/inerror").joinpath(
+            next(e for e in errors if e.startswith("req.dir~") and not e.endswith(".reason")), "inner"
+        ).read_bytes() == b"x"
+        assert "cannot be filed" in caplog.text
+
+        # Listed again: nothing more to file, the unfileable one is not reported twice.
+        caplog.clear()
+        assert [c.name for c in lc.waiting()] == [good]
+        assert "req.line" not in caplog.text
+        assert len(os.listdir(tmp_path / "exchange/ep/inerror")) == len(errors)
+        outside.assert_untouched(tmp_path / "exchange")
+    finally:
+        t.close()
+        journal.close()
+
+
+def test_a_claim_replaced_by_a_link_is_filed_as_it_is_not_read(tmp_path: Path) -> None:
+    """Claimed, then swapped for a link to a private file before the node reads it: the read
+    is refused, and filing the claim moves the link itself to inerror, with its reason."""
+    outside = _Outside(tmp_path / "outside")
+    lc, t, journal = _inbound(tmp_path)
+    name = f"req.{FIXED_UUID}"
+    try:
+        (tmp_path / "exchange/ep/inbox" / name).write_bytes(b"a real request")
+        [claimed], lost = lc.claim(lc.waiting(), "serve")
+        assert lost == 0 and claimed.path == f"/ep/inselect/{name}~node-a"
+        claim = tmp_path / "exchange/ep/inselect" / f"{name}~node-a"
+        claim.unlink()
+        claim.symlink_to(outside.secret)
+        sink = io.BytesIO()
+        with pytest.raises(UnsafeEntry) as refused:
+            lc.read(claimed, sink)
+        assert sink.getvalue() == b""
+
+        outcome = lc.file_error(claimed, f"UnsafeEntry: {refused.value}", refused=True)
+        assert outcome.startswith("filed in /ep/inerror")
+        [filed] = [p for p in (tmp_path / "exchange/ep/inerror").iterdir() if not p.name.endswith(".reason")]
+        assert filed.is_symlink() and filed.name.startswith(f"{name}~node-a~")
+        assert "symbolic link" in Path(f"{filed}.reason").read_text()
+        assert not os.path.lexists(claim)
+        outside.assert_untouched(tmp_path / "exchange")
+    finally:
+        t.close()
+        journal.close()

@@ -106,6 +106,7 @@ class ShortFirstRequestRead(EmbeddedFTPServer):
 
 def _config(port: int, tmp_path: Path) -> Any:
     (tmp_path / "pw").write_text("pw")
+    (tmp_path / "pw").chmod(0o600)  # a password file group or others may read is refused
     return parse_config(f"""
 node: {{state_dir: {tmp_path}/state, journal_dir: {tmp_path}/journals}}
 servers:

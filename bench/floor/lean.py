@@ -2,7 +2,7 @@
 
 Nothing here is ftpbc code.  A :class:`Lean` session does exactly one protocol operation per
 call and nothing else: no journal, no lock, no retry, no pattern, no pool.  What it does once per
-session is what any careful bare script would do (see /work/shared/MEASUREMENTS.md):
+session is what any careful bare script would do (docs/benchmarks.md, "How it measures"):
 
 * FTP: ``TCP_NODELAY`` on the control socket and every data socket, ``TYPE I`` once, data
   connections opened with ``transfercmd`` (``storbinary``/``retrbinary`` would resend ``TYPE``

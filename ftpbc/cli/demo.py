@@ -77,7 +77,8 @@ def _port_range(text: str | None) -> range | None:
 @click.option("--password-env", default="FTPBC_FTPD_PASSWORD", show_default=True,
               help="Environment variable holding the password when --user gives none.")
 @click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="PEM certificate (with its key, or see --tls-key): serve FTPS (explicit AUTH TLS).")
+              help="PEM certificate (with its key, or see --tls-key): serve FTPS (explicit AUTH TLS), "
+                   "TLS required: a login or transfer without it is refused.")
 @click.option("--tls-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="PEM private key, when not in the --tls-cert file.")
 @click.option("--implicit-tls", is_flag=True,
@@ -89,6 +90,8 @@ def ftpd(root: Path, host: str, port: int, user: str, password_env: str, tls_cer
     """Run the embedded FTP server (pyftpdlib) until SIGTERM or Ctrl-C.
 
     A single-user server for tests, demos and docker-compose; not hardened for the internet.
+    With --tls-cert, TLS is required on the control and data connections; SITE CHMOD is never
+    allowed.
     """
     from ftpbc.embedded import EmbeddedFTPServer
 

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ftpbc.private_files import private_dir, write_private
+
 log = logging.getLogger("ftpbc.heartbeat")
 
 
@@ -40,9 +42,11 @@ class Heartbeat:
         self._failing: str | None = None
 
     def beat(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        # 0700/0600 whatever the umask: another local user able to write here could keep a dead
+        # node looking alive, or make a live one look dead.
+        private_dir(self.dir)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(f"{os.getpid()} {time.time():.3f} {_HOST}\n", encoding="utf-8")
+        write_private(tmp, f"{os.getpid()} {time.time():.3f} {_HOST}\n".encode())
         os.replace(tmp, self.path)
 
     def start(self) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ftpbc.cluster.heartbeat import is_dead
+from ftpbc.private_files import open_private, private_dir
 
 log = logging.getLogger("ftpbc.locks")
 
@@ -131,7 +132,9 @@ class FileCrossLock:
         self._fd_pid = 0
         self._finalizer: Callable[[], object] | None = None
         self._warned: str | None = None
-        self._path.parent.mkdir(parents=True, exist_ok=True)
+        # 0700 (and state_dir itself, when created here): a local user who could write the lock
+        # or holder file could stall an endpoint or make a live holder look dead
+        private_dir(self._path.parent)
 
     def acquire(self, wait: float) -> bool:
         if not self._lock_file(wait):
@@ -150,7 +153,7 @@ class FileCrossLock:
         to the open file, which a child would otherwise share with its parent)."""
         pid = os.getpid()
         if self._fd is None or self._fd_pid != pid:
-            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._fd = open_private(self._path, os.O_RDWR)
             self._fd_pid = pid
             # Closed when this lock is dropped (a node stopped), so that processes starting many
             # nodes (the tests) do not run out of descriptors.
@@ -188,7 +191,7 @@ class FileCrossLock:
             return
         want = self._holder.encode("ascii")
         try:
-            fd = os.open(self._holder_path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_private(self._holder_path, os.O_RDWR)
         except OSError:
             return  # only the dead-holder bypass needs it; the lock itself is held
         try:

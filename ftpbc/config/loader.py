@@ -6,6 +6,11 @@ Every error is one line naming the file, the line and the key path, e.g.::
 
 The YAML is composed once to keep each key's line, so that a validation error found later by
 pydantic can still point at the line a person has to edit.
+
+Aliases are bounded: a document whose aliases would expand it by more than MAX_ALIAS_NODES
+nodes (a "billion laughs" file: nine levels of ten aliases each make 10**9 nodes out of 451
+bytes), or an alias inside its own anchor, is refused before anything walks the expanded tree,
+as the line pass and pydantic both would.  Messages never quote a url's password.
 """
 
 from __future__ import annotations
@@ -18,9 +23,14 @@ import yaml
 from pydantic import ValidationError
 
 from ftpbc.config.models import Config
+from ftpbc.config.servers import redact_url, redact_urls_in
 from ftpbc.errors import ConfigError
 
 KeyPath = tuple[str | int, ...]
+
+#: nodes aliases may add to a document, all repetitions counted (``<<: *defaults`` in a thousand
+#: endpoints adds some 20,000); beyond it the file is refused
+MAX_ALIAS_NODES = 250_000
 
 
 def load_config(path: str | Path, *, node_id: str | None = None) -> Config:
@@ -38,9 +48,14 @@ def load_config(path: str | Path, *, node_id: str | None = None) -> Config:
 
 def parse_config(text: str, *, source: str = "<config>", node_id: str | None = None) -> Config:
     lines: dict[KeyPath, int] = {}
+    loader = yaml.SafeLoader(text)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        # Composed once, checked, then constructed from the same nodes (safe_load would compose
+        # again): the check must come before anything expands the aliases.
+        node = loader.get_single_node()
+        if node is not None:
+            _check_aliases(node, source)
+        data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
@@ -48,6 +63,10 @@ def parse_config(text: str, *, source: str = "<config>", node_id: str | None = N
         raise ConfigError(f"malformed YAML: {problem}", file=source, line=line) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"malformed YAML: {exc}", file=source) from None
+    except RecursionError:
+        raise ConfigError("malformed YAML: nested too deeply", file=source) from None
+    finally:
+        loader.dispose()
     if node is not None:
         _collect_lines(node, (), lines)
     if not isinstance(data, dict):
@@ -63,6 +82,46 @@ def parse_config(text: str, *, source: str = "<config>", node_id: str | None = N
         return config.with_node_id(node_id)
     except ValueError as exc:
         raise ConfigError(str(exc), file=source, key="--node-id") from None
+
+
+def _check_aliases(root: yaml.Node, source: str) -> None:
+    """Refuse a document whose aliases expand it by more than MAX_ALIAS_NODES nodes, or that
+    holds an alias inside its own anchor (a cycle).
+
+    An alias is the very node object of its anchor, so the expanded size of every distinct node
+    is computed once (memoised by identity): the cost is that of the document as written, never
+    of its expansion.
+    """
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    distinct = 0
+
+    def size(node: yaml.Node) -> int:
+        nonlocal distinct
+        key = id(node)
+        known = sizes.get(key)
+        if known is not None:
+            return known
+        if key in open_nodes:
+            raise ConfigError("an alias refers to a node that contains it (recursive YAML alias)",
+                              file=source, line=node.start_mark.line + 1)
+        distinct += 1
+        total = 1
+        if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
+            open_nodes.add(key)
+            children = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
+                        else node.value)
+            for child in children:
+                total += size(child)
+            open_nodes.discard(key)
+        sizes[key] = total
+        return total
+
+    expanded = size(root)
+    if expanded - distinct > MAX_ALIAS_NODES:
+        raise ConfigError(f"YAML aliases expand this file by {expanded - distinct} nodes, more than "
+                          f"{MAX_ALIAS_NODES} (an alias bomb?); write the repeated parts out instead",
+                          file=source)
 
 
 def _collect_lines(node: yaml.Node, path: KeyPath, out: dict[KeyPath, int]) -> None:
@@ -93,7 +152,8 @@ def _translate(exc: ValidationError, source: str, lines: dict[KeyPath, int]) -> 
             message = message[m.end():]
     line = _line_for(loc, lines)
     key = ".".join(str(p) for p in loc) or None
-    return ConfigError(message, file=source, line=line, key=key)
+    # Last line of defence: a value quoted from the file may be a url with its password.
+    return ConfigError(redact_urls_in(message), file=source, line=line, key=key)
 
 
 def _line_for(loc: KeyPath, lines: dict[KeyPath, int]) -> int | None:
@@ -107,7 +167,8 @@ def _line_for(loc: KeyPath, lines: dict[KeyPath, int]) -> int | None:
 def _describe(err: Any) -> str:
     kind = err["type"]
     value = err.get("input")
-    shown = repr(value) if not isinstance(value, dict | list) else type(value).__name__
+    shown = type(value).__name__ if isinstance(value, dict | list) else repr(
+        redact_url(value) if isinstance(value, str) and "@" in value else value)
     if kind in ("float_parsing", "float_type"):
         return f"expected a number, got {shown}"
     if kind in ("int_parsing", "int_type", "int_from_float"):

@@ -31,13 +31,15 @@ CLIENT_ID_RE = re.compile(r"\.client\d+$")
 
 
 def check_node_id(value: str) -> str:
-    if not NODE_ID_RE.match(value):
+    if not NODE_ID_RE.fullmatch(value):
         raise ValueError(f"node id {value!r} must be 1-64 characters of A-Z a-z 0-9 . _ -")
     return value
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # hide_input_in_errors: a ValidationError's text would quote the input, which may hold a
+    # server url with its password (the loader builds its own one-line messages, redacted)
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
 
 class MetricsConfig(_Frozen):

@@ -10,6 +10,10 @@ Secrets are never written in the URL (a URL with a password is refused, because 
 logs).  They are read when the configuration loads, kept as :class:`pydantic.SecretStr`, and
 never appear in ``repr``, ``str``, error messages or log lines.
 
+A secret read from a file (``password_file``, and the SFTP ``key_file``) is refused when group
+or others may read or write it, as ssh refuses such a private key, unless the server sets
+``allow_insecure_secret_files: true``.  The check is made on the file as it is read.
+
 TLS is chosen by the scheme alone: ``ftps://`` is FTPS, ``ftp://`` is clear text.  A TLS setting
 (``tls``, ``ca_file``, ``verify_tls``) on any other scheme is refused when the configuration
 loads, naming the key: on ``ftp://`` it would otherwise be ignored and the password sent in clear.
@@ -18,23 +22,40 @@ loads, naming the key: on ``ftp://`` it would otherwise be ignored and the passw
 from __future__ import annotations
 
 import os
+import re
+import stat
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 Scheme = Literal["ftp", "ftps", "sftp", "file"]
 
 DEFAULT_PORTS: dict[str, int] = {"ftp": 21, "ftps": 21, "sftp": 22, "file": 0}
 #: settings that only mean something for ftps:// (refused on any other scheme)
 TLS_KEYS = ("tls", "ca_file", "verify_tls")
+#: mode bits that let group or others read or change a secret file (execute bits give nothing away)
+OPEN_SECRET_BITS = 0o066
+_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
 
 
 class ServerConfig(BaseModel):
     """One server, immutable once loaded.  Build it from YAML or with :meth:`from_url`."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # hide_input_in_errors: a ValidationError's text would otherwise quote the input, url and
+    # its password included (the messages themselves show the url redacted)
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     name: str = "server"
     url: str
@@ -45,10 +66,17 @@ class ServerConfig(BaseModel):
     #: Accept and remember an SFTP host key that is not in known_hosts.  Off by default: an
     #: unknown key is refused, because accepting it silently defeats the point of host keys.
     auto_accept_host_keys: bool = False
+    #: Accept a ``password_file`` or ``key_file`` that group or others may read or write.  Off by
+    #: default: such a file is refused, as ssh refuses such a private key, because anyone in the
+    #: group (or on the host) could read the secret or swap it for their own.
+    allow_insecure_secret_files: bool = False
     #: FTPS: "explicit" (AUTH TLS on the plain port) or "implicit" (TLS from the first byte).
     tls: Literal["explicit", "implicit"] = "explicit"
     ca_file: Path | None = None
     verify_tls: bool = True
+    #: Only true (the default) is accepted: ftpbc opens every FTP data connection with EPSV or
+    #: PASV.  Active mode (PORT/EPRT) is not implemented, and ``passive: false`` is refused at
+    #: load rather than ignored, as an earlier version did.
     passive: bool = True
     #: file:// only: fsync each file written before it can be renamed into place, so a message
     #: survives a power failure.  Off, a message still survives a killed process (the page
@@ -87,38 +115,53 @@ class ServerConfig(BaseModel):
         url = data.get("url")
         if not isinstance(url, str):
             return data  # pydantic reports the missing or mistyped url
-        parts = urlsplit(url)
+        # Every message below shows ``shown``, never ``url``: a url may carry a password (refused
+        # below, but only after the checks that come first), and messages end up in logs.
+        shown = redact_url(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError:
+            # urlsplit's own text may quote the netloc, password included
+            raise ValueError(f"url {shown!r} is not a valid URL") from None
         scheme = parts.scheme.lower()
         if scheme not in DEFAULT_PORTS:
             raise ValueError(
-                f"unknown URL scheme {parts.scheme!r} in {url!r} (expected ftp, ftps, sftp or file)")
+                f"unknown URL scheme {parts.scheme!r} in {shown!r} (expected ftp, ftps, sftp or file)")
         if parts.password is not None:
             raise ValueError(
-                f"the url {_redact(url)!r} carries a password; use password_env or password_file instead")
+                f"the url {shown!r} carries a password; use password_env or password_file instead")
         data["scheme"] = scheme
         if scheme == "file":
             if parts.netloc not in ("", "localhost"):
-                raise ValueError(f"file URL {url!r} must not name a host (use file:///absolute/path)")
+                raise ValueError(f"file URL {shown!r} must not name a host (use file:///absolute/path)")
             data["base"] = unquote(parts.path) or "/"
             data["host"] = "localhost"
             return data
         if not parts.hostname:
-            raise ValueError(f"url {url!r} names no host")
+            raise ValueError(f"url {shown!r} names no host")
         data["host"] = parts.hostname
         try:
             data["port"] = parts.port or DEFAULT_PORTS[scheme]
-        except ValueError as exc:
-            raise ValueError(f"url {url!r}: bad port") from exc
+        except ValueError:
+            raise ValueError(f"url {shown!r}: bad port") from None
         data["user"] = unquote(parts.username) if parts.username else "anonymous"
         data["base"] = unquote(parts.path) or "/"
-        data["password"] = _read_secret(data, scheme)
+        allow_open = _flag(data.get("allow_insecure_secret_files"))
+        data["password"] = _read_secret(data, scheme, allow_open=allow_open)
         return data
+
+    @field_validator("passive")
+    @classmethod
+    def _no_active_mode(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError(ACTIVE_MODE_REFUSAL)
+        return value
 
     @field_validator(*TLS_KEYS, mode="before")
     @classmethod
     def _tls_needs_ftps(cls, value: Any, info: ValidationInfo) -> Any:
         url = info.data.get("url")
-        scheme = urlsplit(url).scheme.lower() if isinstance(url, str) else ""
+        scheme = _scheme(url) if isinstance(url, str) else ""
         if scheme and scheme != "ftps":
             raise ValueError(tls_refusal(scheme))
         return value
@@ -153,6 +196,11 @@ class ServerConfig(BaseModel):
         return f"{self.name} ({self.display})"
 
 
+#: why ``passive: false`` is refused (the caller names the key)
+ACTIVE_MODE_REFUSAL = ("active mode is not supported: ftpbc always opens data connections passively "
+                       "(EPSV, else PASV); remove 'passive: false'")
+
+
 def tls_refusal(scheme: str) -> str:
     """The one-line reason a TLS setting is refused on a ``scheme``:// server (the caller names
     the key)."""
@@ -162,7 +210,28 @@ def tls_refusal(scheme: str) -> str:
     return f"a TLS setting, for ftps:// only; a {scheme}:// server does not use it"
 
 
-def _read_secret(data: dict[str, Any], scheme: str) -> SecretStr | None:
+def open_secret_file_problem(path: Path, mode: int) -> str | None:
+    """Why a secret file of this ``st_mode`` is refused (group or others may read or write it),
+    or None when its mode is private enough.  The message names the file and its mode."""
+    bits = stat.S_IMODE(mode)
+    if not bits & OPEN_SECRET_BITS:
+        return None
+    return (f"{str(path)!r} is mode {bits:04o}, readable or writable by group or others; "
+            f"chmod 600 it, or set allow_insecure_secret_files: true to accept that")
+
+
+def _flag(value: Any) -> bool:
+    # Read before the field itself is validated, with the field's own rules; a value that is
+    # not a boolean counts as false here, and pydantic reports it right after.
+    if value is None:
+        return False
+    try:
+        return _BOOL.validate_python(value)
+    except ValidationError:
+        return False
+
+
+def _read_secret(data: dict[str, Any], scheme: str, *, allow_open: bool) -> SecretStr | None:
     env = data.get("password_env")
     file = data.get("password_file")
     if env and file:
@@ -175,16 +244,53 @@ def _read_secret(data: dict[str, Any], scheme: str) -> SecretStr | None:
     if file:
         path = Path(str(file)).expanduser()
         try:
-            # One trailing newline is how editors and `echo` save a secret; it is not part of it.
-            return SecretStr(path.read_text(encoding="utf-8").rstrip("\r\n"))
+            with open(path, "rb") as fh:
+                # The mode of the file actually opened (fstat), not of whatever the name
+                # pointed to a moment before.
+                mode = os.fstat(fh.fileno()).st_mode
+                problem = None if allow_open else open_secret_file_problem(path, mode)
+                if problem is not None:
+                    raise ValueError(f"password_file: {problem}")
+                text = fh.read().decode("utf-8")
         except OSError as exc:
             raise ValueError(f"password_file: cannot read {str(path)!r}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"password_file: {str(path)!r} is not UTF-8 text") from None
+        # One trailing newline is how editors and `echo` save a secret; it is not part of it.
+        return SecretStr(text.rstrip("\r\n"))
     return None
 
 
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
+def redact_url(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***`` (``fpt://app:***@host/``).
+
+    Works on the text, not through ``urlsplit``, so that a url ``urlsplit`` rejects or reads
+    differently (an unknown scheme, a bad port, an unencoded ``/`` or ``@`` in the password, no
+    ``//``) is still redacted.  It errs on the side of hiding: everything between the first
+    ``:`` of the authority and its last ``@`` goes, even when a path holds that ``@``.
+    """
+    start = url.find("//")
+    start = 0 if start < 0 else start + 2
+    at = url.rfind("@", start)
+    if at < 0:
         return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return parts._replace(netloc=netloc).geturl()
+    colon = url.find(":", start, at)
+    if colon < 0:
+        return url
+    return f"{url[:colon + 1]}***{url[at:]}"
+
+
+_URL_WITH_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"]*):[^\s'\"]*@")
+
+
+def redact_urls_in(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@`` in it replaced by ``***``
+    (for messages that quote a value the configuration gave, whatever the key)."""
+    return _URL_WITH_PASSWORD.sub(r"\1:***@", text)
+
+
+def _scheme(url: str) -> str:
+    try:
+        return urlsplit(url).scheme.lower()
+    except ValueError:
+        return ""  # refused by _parse, with a message that does not quote the password

@@ -148,6 +148,9 @@ class Layout(ABC):
     stable_for: float = 0.0
     #: message ids are unique tokens (UUIDs) that can name journal operations
     unique_ids: bool = True
+    #: the box holds message files only, so a directory found in it is refused (filed in the
+    #: error directory) like a link; a partner's directory may hold subdirectories, ours too
+    files_only: bool = False
     #: bytes a name grows by in this node's hands (``~<node>~<stamp>``); set by the lifecycle
     reserve: int = len("~") + 64 + len("~20261125T120000.000Z")
 
@@ -251,7 +254,11 @@ class Layout(ABC):
         """Raise UnsafeNameError or UnusableName if ``name`` cannot go through the lifecycle: not
         a bare name, or too long to archive as ``<name>~<node>~<stamp>`` under the server's limit."""
         check_name(name)
-        if len(name.encode("utf-8")) + self.reserve > NAME_LIMIT:
+        try:
+            length = len(name.encode("utf-8"))
+        except UnicodeEncodeError:  # bytes that are not UTF-8, decoded as lone surrogates
+            raise UnusableName(name, "not UTF-8: no command or path of ftpbc's can carry it") from None
+        if length + self.reserve > NAME_LIMIT:
             raise UnusableName(name, f"too long: archived as <name>~<node>~<stamp> it would exceed "
                                      f"{NAME_LIMIT} bytes")
 
@@ -300,6 +307,8 @@ def _delivery_order(c: Candidate) -> tuple[int, datetime, str]:
 
 class AreaLayout(Layout):
     """One direction of an endpoint's exchange area (see :mod:`ftpbc.exchange.area`)."""
+
+    files_only = True
 
     def __init__(self, endpoint: str, config: EndpointConfig, direction: Direction, *,
                  area: ExchangeArea | None = None) -> None:

@@ -54,15 +54,17 @@ from ftpbc.errors import (
     SourceGone,
     TransportError,
     UnsafeEntry,
+    UnsafeNameError,
 )
 from ftpbc.exchange.area import REASON_SUFFIX, archive_name
 from ftpbc.exchange.bounds import DEFAULT_MAX_MESSAGE_BYTES, READ_MARGIN, BoundedSink, check_body
-from ftpbc.exchange.envelope import EXPIRED_TYPE, Envelope, Headers
+from ftpbc.exchange.envelope import EXPIRED_TYPE, NAME_LIMIT, Envelope, Headers
 from ftpbc.exchange.layout import Candidate, Commit, Layout, Outbound
 from ftpbc.exchange.policy import DEFAULT_POLICY, QueuePolicy
 from ftpbc.faults import crash_point
 from ftpbc.journal import EndpointJournal, Operation
-from ftpbc.transport.base import Transport
+from ftpbc.paths import join
+from ftpbc.transport.base import Refused, Transport
 
 log = logging.getLogger("ftpbc.lifecycle")
 
@@ -77,6 +79,11 @@ POISON_ERRORS: tuple[type[TransportError], ...] = (PermissionDenied, IncompleteR
 #: names a node holds back after a failed delivery, at most (the oldest holds are dropped)
 MAX_HELD = 100_000
 _TOKEN = re.compile(r"[A-Za-z0-9._-]{1,128}")
+#: refused entries (links, fifos... planted in a box) one listing files at most; the rest wait for
+#: the next listing, so that a box flooded with links does not hold the poll lock for long
+MAX_REFUSED_PER_LISTING = 100
+#: what a file name of ours may not hold (paths.check_name's rule, plus control characters)
+_NOT_IN_NAME = re.compile(r"[/\\\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -171,7 +178,11 @@ class Lifecycle:
 
     def waiting(self) -> list[Candidate]:
         """The messages waiting in the box, in delivery order, less those held back here."""
-        found = self.layout.candidates(self.transport.list(self.layout.box))
+        layout = self.layout
+        entries, refused = self.transport.list_refusing(layout.box, refuse_dirs=layout.files_only)
+        if refused:
+            self._file_refused(refused)
+        found = layout.candidates(entries)
         if self.policy.expires:
             found = self._leave_expired(found)
         held = self._held
@@ -183,6 +194,40 @@ class Lifecycle:
                 if held:
                     found = [c for c in found if c.name not in held]
         return found
+
+    def _file_refused(self, refused: Sequence[Refused]) -> None:
+        """File what a listing refused (a link, a fifo, a directory... planted in the box) in
+        the error directory, with ``<name>.reason`` beside it: moved unopened (a rename moves a
+        link itself, never what it points to), so the box holds messages only and the entry
+        shows up where an operator looks for what went wrong.
+
+        One that cannot be filed (a name no path can carry, a full disk) is reported once and
+        left where it is; the others are filed all the same, and the listing goes on."""
+        t, layout = self.transport, self.layout
+        box = layout.box.rstrip("/")
+        for r in refused[:MAX_REFUSED_PER_LISTING]:
+            src = f"{box}/{r.name}"
+            when = self.clock()
+            try:
+                target = join(layout.error, archive_name(_fileable(r.name, layout.reserve),
+                                                         self.node_id, when))
+                layout.ensure_dir(t, target)
+                t.move_refused(src, target)
+            except SourceGone:
+                continue  # another node filed (or a partner removed) it meanwhile
+            except (TransportError, UnsafeNameError) as exc:
+                layout.report(r.name, f"is {r.kind}: refused, and it cannot be filed in "
+                                      f"{layout.error}: {exc}")
+                continue
+            reason = (f"UnsafeEntry: {src} is {r.kind}; refused by node {self.node_id}: moved here "
+                      "without being opened or followed")
+            log.warning("%s: %r is %s: refused, filed in %s without being opened or followed",
+                        self.name, src, r.kind, layout.error)
+            try:
+                t.put(target + REASON_SUFFIX,
+                      io.BytesIO(reason.encode("utf-8", "backslashreplace") + b"\n"))
+            except TransportError as exc:
+                log.warning("%s: %s: could not write its reason file: %s", self.name, target, exc)
 
     def _leave_expired(self, found: list[Candidate]) -> list[Candidate]:
         """``found`` less the messages past their expiration, which take_expired hands out."""
@@ -450,15 +495,20 @@ class Lifecycle:
             self._held[name] = time.monotonic() + delay
         return f"returned as delivery {count} of {self.max_deliveries}, held here for {delay:g} s"
 
-    def file_error(self, claimed: Claimed, reason: str, *, dead: bool = False) -> str:
+    def file_error(self, claimed: Claimed, reason: str, *, dead: bool = False,
+                   refused: bool = False) -> str:
         """Move a claimed message to the error directory (``dead``: the dead letters, if the
-        layout has them) with ``reason`` beside it."""
+        layout has them) with ``reason`` beside it.  ``refused``: the claim is no longer a file
+        this node may open (replaced by a link after it was claimed): moved as it is, unopened."""
         t = self.transport
         directory = self.layout.dead_dir if dead and self.layout.dead_dir else self.layout.error
         target = self.layout.filed_path(directory, claimed.name, self.node_id, self.clock())
         self.layout.ensure_dir(t, target)
         try:
-            rename_resolving(t, claimed.path, target)
+            if refused:
+                t.move_refused(claimed.path, target)
+            else:
+                rename_resolving(t, claimed.path, target)
         except SourceGone:
             self.journal.end(claimed.op_id)
             return "gone before it could be filed as an error"
@@ -651,6 +701,27 @@ def _current_fields(f: dict[str, str]) -> dict[str, str]:
     elif "commit_to" in g:  # transfer: commit_to, target, stage, protect, final
         g["commit"] = g.pop("commit_to")
     return g
+
+
+def _fileable(name: str, reserve: int) -> str:
+    """A name a refused entry can be filed under: ``name`` with what no name of ours may hold
+    replaced by ``_``, cut so that ``<name>~<node>~<stamp>.reason`` fits the name limit."""
+    safe = _NOT_IN_NAME.sub("_", name)
+    if safe in ("", ".", ".."):
+        safe = "_"
+    limit = max(NAME_LIMIT - reserve - len(REASON_SUFFIX), 1)
+    while len(safe.encode("utf-8", "surrogateescape" if _escaped(safe) else "replace")) > limit:
+        safe = safe[:-1]
+    return safe
+
+
+def _escaped(text: str) -> bool:
+    """Whether ``text`` encodes with surrogateescape (as names read from a local directory do)."""
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _plain(name: str) -> Envelope:

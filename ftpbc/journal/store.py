@@ -32,7 +32,8 @@ File modes
     A journal holds message bodies (handler results, inline or in ``results/``), so it is private
     to the node's user: directories are created ``0700`` and files ``0600``, set explicitly
     (``chmod``/``fchmod``, whatever the umask), and a journal left more open by an older version
-    is tightened when it is opened.
+    is tightened when it is opened (:mod:`ftpbc.private_files`, shared with the state directory
+    and the sequence store).
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ import errno
 import logging
 import os
 import re
-import stat
 import threading
 import time
 import uuid
@@ -54,62 +54,13 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 from ftpbc.errors import JournalError
+from ftpbc.private_files import DIR_MODE, FILE_MODE, open_private, private_dir, tighten
 
 log = logging.getLogger(__name__)
 
 COMPACT_EVERY = 2000
 INLINE_RESULT_LIMIT = 64 * 1024
 _NAMESPACE = uuid.UUID("6f0a2f4e-8a53-4e0c-9a57-5f4d7c0b7e21")
-#: journal directories and files are the node user's only: they hold message bodies
-DIR_MODE = 0o700
-FILE_MODE = 0o600
-
-
-def _private_dir(path: Path) -> None:
-    """Create directory ``path`` (and missing parents) with mode 0700; tighten it if it exists.
-
-    Parents created here are 0700 as well (``mkdir -p`` would give them the umask's mode).  An
-    existing parent is left as it is: the node directory alone keeps everything below it private.
-    """
-    missing = []
-    probe = path
-    while not probe.exists():
-        missing.append(probe)
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    for directory in reversed(missing):
-        try:
-            directory.mkdir(mode=DIR_MODE)
-        except FileExistsError:
-            pass  # created meanwhile by another opener; tightened below
-        _tighten(directory, DIR_MODE)
-    if not missing:
-        _tighten(path, DIR_MODE)
-
-
-def _tighten(path: Path, mode: int) -> None:
-    """chmod ``path`` to ``mode`` if its permission bits differ (a directory or regular file)."""
-    try:
-        st = os.stat(path, follow_symlinks=False)
-        if stat.S_IMODE(st.st_mode) != mode and (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-            os.chmod(path, mode, follow_symlinks=False)
-    except FileNotFoundError:
-        pass
-    except PermissionError:
-        log.warning("%s: cannot restrict its mode to %o (not its owner?)", path, mode)
-
-
-def _open_private(path: Path, flags: int) -> int:
-    """``os.open(path, flags | O_CREAT)`` with mode 0600, explicitly (also for an existing file)."""
-    fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
-    try:
-        if stat.S_IMODE(os.fstat(fd).st_mode) != FILE_MODE:
-            os.fchmod(fd, FILE_MODE)  # the umask may have taken bits away; an old file had more
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 @dataclass
@@ -309,7 +260,7 @@ class EndpointJournal:
         try:
             # Unbuffered binary: one write() system call per record batch and nothing else (a text
             # file's encode, flush, tell and seek cost as much again, per record).
-            self._fh = open(_open_private(path, os.O_WRONLY | os.O_APPEND), "ab",  # noqa: SIM115
+            self._fh = open(open_private(path, os.O_WRONLY | os.O_APPEND), "ab",  # noqa: SIM115
                             buffering=0)  # lives as long as the journal
             self._size = os.fstat(self._fh.fileno()).st_size
         except OSError as exc:
@@ -432,7 +383,7 @@ class EndpointJournal:
             return
         self._rewrite()
         self._fh.close()
-        self._fh = open(_open_private(self.path, os.O_WRONLY | os.O_APPEND), "ab",  # noqa: SIM115
+        self._fh = open(open_private(self.path, os.O_WRONLY | os.O_APPEND), "ab",  # noqa: SIM115
                         buffering=0)
         self._size = os.fstat(self._fh.fileno()).st_size
         self._ended_since_compaction = 0
@@ -440,7 +391,7 @@ class EndpointJournal:
     def _rewrite(self) -> None:
         """Replace the file by the records of the pending operations only (fsynced, renamed)."""
         tmp = self.path.with_suffix(".compact")
-        with open(_open_private(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as out:
+        with open(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as out:
             stamp = _now()
             for op in self._pending.values():
                 for event in op.events:
@@ -462,9 +413,9 @@ class EndpointJournal:
         if len(body) <= INLINE_RESULT_LIMIT:
             return {"body": base64.b64encode(body).decode("ascii")}
         if not self.results_dir.is_dir():
-            _private_dir(self.results_dir)
+            private_dir(self.results_dir)
         path = self.results_dir / op_id
-        with open(_open_private(path, os.O_WRONLY | os.O_TRUNC), "wb") as fh:
+        with open(open_private(path, os.O_WRONLY | os.O_TRUNC), "wb") as fh:
             fh.write(body)
             fh.flush()
             if self.durable:
@@ -532,7 +483,7 @@ def _acquire_node(directory: Path, node_id: str) -> bool:
     key = directory.resolve()
     with _Shared.lock:
         if _Shared.users.get(key, 0) == 0:
-            fd = _open_private(key / ".lock", os.O_RDWR)
+            fd = open_private(key / ".lock", os.O_RDWR)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
@@ -566,14 +517,14 @@ def _tighten_contents(directory: Path) -> None:
     with os.scandir(directory) as it:
         for entry in it:
             if entry.is_file(follow_symlinks=False):
-                _tighten(Path(entry.path), FILE_MODE)
+                tighten(Path(entry.path), FILE_MODE)
     results = directory / "results"
     if results.is_dir():
-        _tighten(results, DIR_MODE)
+        tighten(results, DIR_MODE)
         with os.scandir(results) as it:
             for entry in it:
                 if entry.is_file(follow_symlinks=False):
-                    _tighten(Path(entry.path), FILE_MODE)
+                    tighten(Path(entry.path), FILE_MODE)
 
 
 class Journal:
@@ -587,7 +538,7 @@ class Journal:
         self.dir = Path(journal_dir) / node_id
         self.durable = durable
         try:
-            _private_dir(self.dir)
+            private_dir(self.dir)
             _tighten_contents(self.dir)
         except OSError as exc:
             raise JournalError(f"{self.dir}: cannot create journal directory: {exc.strerror}") from None
@@ -610,7 +561,7 @@ class Journal:
             if registry.get(name) != file:
                 registry[name] = file
                 tmp = self.registry_path.with_suffix(".tmp")
-                with open(_open_private(tmp, os.O_WRONLY | os.O_TRUNC), "w", encoding="utf-8") as out:
+                with open(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "w", encoding="utf-8") as out:
                     out.write("".join(f"{k}\t{v}\n" for k, v in sorted(registry.items())))
                 os.replace(tmp, self.registry_path)
             journal = EndpointJournal(path, durable=self.durable)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ftpbc.config.servers import ServerConfig
+from ftpbc.errors import ConfigError
 from ftpbc.transport.base import Entry, Transport, check_name, join, normalize
 
 __all__ = ["Entry", "Transport", "check_name", "join", "normalize", "open_transport"]
@@ -21,6 +22,11 @@ def open_transport(server: ServerConfig) -> Transport:
         from ftpbc.transport.ftp import FTPTransport
 
         return FTPTransport(server)
+    if server.scheme != "sftp":
+        # Only a config changed past validation gets here; name it by ``display``, which never
+        # holds a password, rather than by its url.
+        raise ConfigError(f"unknown URL scheme {server.scheme!r} for {server.display} (expected ftp, ftps, "
+                          "sftp or file)", key=f"servers.{server.name}.url")
     from ftpbc.transport.sftp import SFTPTransport
 
     return SFTPTransport(server)

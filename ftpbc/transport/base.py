@@ -38,6 +38,7 @@ What is *not* guaranteed
 
 from __future__ import annotations
 
+import builtins
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,17 +47,28 @@ from typing import BinaryIO
 from ftpbc.errors import NotFound
 from ftpbc.paths import check_name, join, normalize
 
-__all__ = ["Entry", "Transport", "check_name", "join", "normalize", "stream_position"]
+__all__ = ["Entry", "Refused", "Transport", "check_name", "join", "normalize", "stream_position"]
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One directory entry.  ``mtime`` is timezone-aware UTC, or None when unknown."""
+    """One directory entry.  ``mtime`` is timezone-aware UTC, or None when unknown; ``size``
+    is -1 for a file listed without a size (an MLSD line with no ``size`` fact)."""
 
     name: str
     size: int
     mtime: datetime | None
     is_dir: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """An entry a listing left out because it is not safe to open (``file://``: a symbolic
+    link, a fifo, a socket, a device; a directory where only files belong).  ``kind`` says
+    which, as a phrase (``"a symbolic link"``)."""
+
+    name: str
+    kind: str
 
 
 class Transport(ABC):
@@ -96,6 +108,21 @@ class Transport(ABC):
     @abstractmethod
     def stat(self, path: str, *, timeout: float | None = None) -> Entry:
         """The entry for ``path``.  NotFound if it does not exist."""
+
+    def list_refusing(self, path: str, *, refuse_dirs: bool = False,
+                      timeout: float | None = None) -> tuple[builtins.list[Entry], builtins.list[Refused]]:
+        """``list``, and the entries it left out as unsafe to open (``refuse_dirs``: directories
+        too, reported as refused rather than listed).
+
+        Only a transport that can tell a link from a file refuses anything (``file://``); a
+        remote server shows ftpbc what its own user may open, so here nothing is refused.
+        """
+        return self.list(path, timeout=timeout), []
+
+    def move_refused(self, src: str, dst: str, *, timeout: float | None = None) -> None:
+        """Move an entry :meth:`list_refusing` refused to ``dst`` without opening or following
+        it (a rename moves a link itself, never what it points to).  SourceGone if it is gone."""
+        self.rename(src, dst, timeout=timeout)
 
     def exists(self, path: str, *, timeout: float | None = None) -> bool:
         try:

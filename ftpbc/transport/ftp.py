@@ -6,9 +6,10 @@ connections in a :class:`~ftpbc.transport.pool.Pool` shared by all threads.
 What each session does once, at login: ``TCP_NODELAY`` on the control socket (and on every data
 socket), ``FEAT`` to learn MLSD/MLST/EPSV/MDTM/SIZE, ``TYPE I``.  ftplib's ``storbinary``/
 ``retrbinary`` re-send ``TYPE`` on every call; this module opens data connections itself
-(EPSV when advertised, else PASV), which is what makes one STOR cost one data connection and
-nothing more.  A PASV reply naming another address than the control connection's peer (a server
-behind NAT announcing its private address) is ignored in favour of the control host.
+(EPSV when advertised, else PASV; active mode is not implemented, and ``passive: false`` is
+refused), which is what makes one STOR cost one data connection and nothing more.  A PASV
+reply naming another address than the control connection's peer (a server behind NAT
+announcing its private address) is ignored in favour of the control host.
 
 Listings use ``MLSD`` when the server advertises it (exact sizes, mtimes to the second) and
 ``CWD`` + ``LIST -a`` otherwise (vsftpd): unix-style lines are parsed for size, type and an
@@ -59,7 +60,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import BinaryIO, TypeVar
 
-from ftpbc.config.servers import ServerConfig, tls_refusal
+from ftpbc.config.servers import ACTIVE_MODE_REFUSAL, ServerConfig, tls_refusal
 from ftpbc.errors import (
     AlreadyExists,
     ConfigError,
@@ -281,6 +282,10 @@ class FTPTransport(Transport):
             # Never a clear-text login when TLS was asked for (the loader refuses this already;
             # a config changed in code past validation gets here).
             raise ConfigError(tls_refusal(cfg.scheme), key=f"servers.{cfg.name}.{misplaced[0]}")
+        if not cfg.passive:
+            # Refused at load too; a config changed in code past validation gets here.  Sending
+            # PASV anyway, as an earlier version did, would silently ignore the setting.
+            raise ConfigError(ACTIVE_MODE_REFUSAL, key=f"servers.{cfg.name}.passive")
         self.cfg = cfg
         self.server = cfg.display
         self._base = normalize(cfg.base)
@@ -535,7 +540,11 @@ class FTPTransport(Transport):
             if s.has("MLST"):
                 resp = s.ftp.sendcmd(f"MLST {remote}")
                 facts = [ln for ln in resp.splitlines()[1:-1] if ln.strip()]
-                entry = _parse_mlsx(facts[0].lstrip()) if facts else None
+                try:
+                    entry = _parse_mlsx(facts[0].lstrip()) if facts else None
+                except ValueError as exc:  # a fact that does not parse, no type, an odd name
+                    raise ProtocolError(f"unexpected MLST reply {resp[:500]!r}: {exc}", server=self.server,
+                                        path=path) from None
                 if entry is None:
                     raise ProtocolError(f"unexpected MLST reply {resp!r}", server=self.server, path=path)
                 return Entry(name, entry.size, entry.mtime, entry.is_dir)
@@ -612,31 +621,25 @@ class FTPTransport(Transport):
               progress: Progress | None) -> Iterator[socket.socket]:
         """A data connection for ``command`` (STOR/RETR/LIST...), closed after the block."""
         ftp = s.ftp
-        if not self.cfg.passive:
+        host, port = self._passive(s)
+        conn = socket.create_connection((host, port), ftp.timeout)
+        try:
+            _nodelay(conn)
+            ftp.putcmd(command)
             if progress is not None:
                 progress.sent = True
-            conn, _ = ftp.ntransfercmd(command)
-            _nodelay(conn)
-        else:
-            host, port = self._passive(s)
-            conn = socket.create_connection((host, port), ftp.timeout)
-            try:
-                _nodelay(conn)
-                ftp.putcmd(command)
-                if progress is not None:
-                    progress.sent = True
+            resp = ftp.getresp()
+            if resp[0] == "2":  # some servers send 2xx before the transfer reply
                 resp = ftp.getresp()
-                if resp[0] == "2":  # some servers send 2xx before the transfer reply
-                    resp = ftp.getresp()
-                if resp[0] != "1":
-                    raise ftplib.error_reply(resp)
-                if self._context is not None:
-                    conn = self._context.wrap_socket(conn, server_hostname=self.cfg.host,
-                                                     session=_tls_session(s))
-                    _quickack(conn)
-            except BaseException:
-                conn.close()
-                raise
+            if resp[0] != "1":
+                raise ftplib.error_reply(resp)
+            if self._context is not None:
+                conn = self._context.wrap_socket(conn, server_hostname=self.cfg.host,
+                                                 session=_tls_session(s))
+                _quickack(conn)
+        except BaseException:
+            conn.close()
+            raise
         try:
             yield conn
         finally:
@@ -711,6 +714,10 @@ class FTPTransport(Transport):
     def _tls_context(self) -> ssl.SSLContext:
         cfg = self.cfg
         if not cfg.verify_tls:
+            # Built once per transport, i.e. once per server in a node: loud, not repeated per
+            # connection.  Whoever can get between the node and the server can read the password.
+            log.warning("%s: verify_tls is false: the server's certificate is not verified, so anyone "
+                        "in between can pose as the server and read the password and the messages", cfg)
             ctx = ssl.create_default_context()
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
@@ -882,19 +889,25 @@ def _parse_listing(lines: Iterable[str], parse: Callable[[str], Entry | None], *
                    command: str, reported: set[str]) -> list[Entry]:
     """Parsed listing lines.  A line that does not parse (a fact like ``size=²``, an odd
     format) is logged once and skipped: one bad entry never hides the others.  Only a listing
-    none of whose lines parse is refused, since that is a format ftpbc does not understand."""
+    none of whose lines parse is refused, since that is a format ftpbc does not understand.
+    An entry whose name no path of ftpbc's can carry (``\\``, a line break, NUL, ``..``, bytes
+    that are not UTF-8) is skipped and logged once too, but the line did parse."""
     entries: list[Entry] = []
     bad: list[str] = []
+    odd: list[tuple[str, str]] = []
     for line in lines:
         try:
             entry = parse(line)
+        except _OddName as exc:
+            odd.append((line, str(exc)))
+            continue
         except ValueError:
             bad.append(line)
             continue
         if entry is not None:
             entries.append(entry)
     if bad:
-        if not entries and len(bad) >= 2:
+        if not entries and not odd and len(bad) >= 2:
             raise ProtocolError(f"cannot parse any {command} line, e.g. {bad[0][:200]!r} (only "
                                 "unix-style LIST and RFC 3659 MLSD are understood)",
                                 server=server, path=path)
@@ -903,7 +916,37 @@ def _parse_listing(lines: Iterable[str], parse: Callable[[str], Entry | None], *
                 reported.add(line)
                 log.warning("%s%s: skipped a %s line that does not parse: %r", server, path,
                             command, line[:200])
+    for line, why in odd:
+        if line not in reported and len(reported) < PARSED_LINES:
+            reported.add(line)
+            log.warning("%s%s: skipped a %s entry: %s", server, path, command, why)
     return entries
+
+
+class _OddName(ValueError):
+    """A listing line that parsed, for a name ftpbc cannot use: skipped, not a format error."""
+
+
+_NOT_IN_NAME = re.compile(r"[/\\\0\r\n]")
+
+
+def _usable(name: str) -> str:
+    """``name`` if ftpbc can address it; _OddName otherwise.
+
+    Commands go out as UTF-8 lines and every path ftpbc builds is checked by paths.check_name:
+    a name holding a line break (which would end a command early and start another one), a
+    backslash, NUL or bytes that are not UTF-8 (decoded here as lone surrogates) could never
+    be claimed, read or renamed, and ``..`` would climb.  Left out here, no caller sees it.
+    """
+    if not name or name in (".", "..") or _NOT_IN_NAME.search(name) is not None:
+        raise _OddName(f"name {name[:200]!r} holds '/', '\\', NUL or a line break, or is '..'")
+    if len(name) > 4096:
+        raise _OddName(f"name {name[:200]!r}... is {len(name)} characters long")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _OddName(f"name {name[:200]!r} is not UTF-8") from None
+    return name
 
 
 def _parse_time(value: str) -> datetime:
@@ -935,15 +978,21 @@ def _parse_mlsx(line: str) -> Entry | None:
             modify = value
     if kind in ("cdir", "pdir") or name in (".", ".."):
         return None
+    if not kind:
+        # Not even the type: a file cannot be told from a directory (or a link), so none is
+        # guessed.  Every server ftpbc knows sends it.
+        raise ValueError("no type fact")
     mtime = None
     if modify:
-        with suppress(ValueError):
+        with suppress(ValueError, OverflowError):  # modify=99999999999999: the time is unknown
             mtime = _parse_time(modify)
     if "/" in name:  # MLST answers with the path it was given
         name = posixpath.basename(name.rstrip("/")) or name
     if size and not (size.isascii() and size.isdigit()):
         raise ValueError(f"bad size fact {size!r}")  # str.isdigit() takes '²', int() does not
-    return Entry(name, int(size) if size else 0, mtime, kind == "dir")
+    # No size fact on a file: -1, "no size given" (a read is then bounded by
+    # max_message_bytes), not 0, which would make a read of any byte look too long.
+    return Entry(_usable(name), int(size) if size else 0 if kind == "dir" else -1, mtime, kind == "dir")
 
 
 #: listing lines remembered, parsed, per transport (about 250 bytes each)
@@ -1015,6 +1064,7 @@ def _parse_list_line(line: str, now: datetime) -> Entry | None:
         name = name.split(" -> ", 1)[0]
     if name in (".", ".."):
         return None
+    _usable(name)
     mtime: datetime | None = None
     month = _MONTHS.get(m["mon"].lower())
     if month is not None:

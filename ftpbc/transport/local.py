@@ -19,7 +19,9 @@ A shared repository is written by partners too, so nothing found in it is truste
   whatever was planted at the target's (predictable) name, a link or a hard link to a file
   elsewhere, is replaced, never written through.
 * ``list`` reports regular files and directories only.  Links, fifos, sockets and devices are left
-  out (each logged once, at WARNING), so no poller claims them.
+  out (each logged once, at WARNING), so no poller claims them.  ``list_refusing`` reports them
+  instead, and ``move_refused`` moves one (the link itself: ``rename`` never follows it), so the
+  message lifecycle can file what a partner planted in a box in the error directory.
 * ``rename`` refuses a source that is not a regular file or directory
   (:class:`~ftpbc.errors.UnsafeSource`, a SourceGone: the lifecycle skips it like a lost claim).
 
@@ -30,6 +32,7 @@ NFS share whose server is gone, an operation blocks until the server returns.  M
 
 from __future__ import annotations
 
+import builtins
 import errno
 import logging
 import os
@@ -50,7 +53,7 @@ from ftpbc.errors import (
     UnsafeEntry,
     UnsafeSource,
 )
-from ftpbc.transport.base import Entry, Transport, normalize
+from ftpbc.transport.base import Entry, Refused, Transport, normalize
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +174,18 @@ class LocalTransport(Transport):
     # ------------------------------------------------------------------ Transport API
 
     def list(self, path: str, *, timeout: float | None = None) -> list[Entry]:
-        out: list[Entry] = []
+        return self._scan(path, None, refuse_dirs=False)
+
+    def list_refusing(self, path: str, *, refuse_dirs: bool = False,
+                      timeout: float | None = None) -> tuple[builtins.list[Entry], builtins.list[Refused]]:
+        refused: builtins.list[Refused] = []
+        return self._scan(path, refused, refuse_dirs=refuse_dirs), refused
+
+    def _scan(self, path: str, refused: builtins.list[Refused] | None, *,
+              refuse_dirs: bool) -> builtins.list[Entry]:
+        """Regular files and directories of ``path``; what else is there goes to ``refused``
+        (the caller files it and says so) or, without one, is logged once and left out."""
+        out: builtins.list[Entry] = []
         with self._mapped(path):
             fd = self._open_dir(self._parts(path), path, _LIST)
             try:
@@ -184,8 +198,11 @@ class LocalTransport(Transport):
                         mode = st.st_mode
                         if statmod.S_ISREG(mode):
                             is_dir = False
-                        elif statmod.S_ISDIR(mode):
+                        elif statmod.S_ISDIR(mode) and not (refuse_dirs and refused is not None):
                             is_dir = True
+                        elif refused is not None:
+                            refused.append(Refused(de.name, _kind(mode) or "a directory"))
+                            continue
                         else:
                             self._warn(_child(path, de.name), _kind(mode) or "special")
                             continue
@@ -251,6 +268,15 @@ class LocalTransport(Transport):
                 return _copy(fh, stream)
 
     def rename(self, src: str, dst: str, *, timeout: float | None = None) -> None:
+        self._rename(src, dst, any_source=False)
+
+    def move_refused(self, src: str, dst: str, *, timeout: float | None = None) -> None:
+        # rename(2) moves a link itself and never opens a fifo or a device: whatever the entry
+        # is, nothing outside the repository is read or written by moving it.  The directories
+        # on the way are still walked without following links.
+        self._rename(src, dst, any_source=True)
+
+    def _rename(self, src: str, dst: str, *, any_source: bool) -> None:
         sparts, dparts = self._parts(src), self._parts(dst)
         if not sparts or not dparts:
             raise TransportError("cannot rename the base directory", server=self.server, path=src)
@@ -265,7 +291,10 @@ class LocalTransport(Transport):
                 raise exc
         try:
             try:
-                self._check_entry(src_fd, sparts[-1], src, error=UnsafeSource)
+                if any_source:
+                    os.stat(sparts[-1], dir_fd=src_fd, follow_symlinks=False)
+                else:
+                    self._check_entry(src_fd, sparts[-1], src, error=UnsafeSource)
             except FileNotFoundError:
                 raise SourceGone("rename source is gone", server=self.server, path=src) from None
             with self._mapped(dst):

@@ -6,15 +6,21 @@ because logging in to sshd costs about 65 ms against well under a millisecond pe
 
 Authentication
     With ``key_file`` the key (ed25519, ECDSA or RSA; not passphrase-protected) is offered first;
-    with a password, password login is tried (after a refused key, too).
+    with a password, password login is tried (after a refused key, too).  A key file that group
+    or others may read or write is refused with a ConfigError naming it and its mode, as ssh
+    refuses it, unless ``allow_insecure_secret_files`` is set.
 
 Host keys
-    The server's key is checked against ``known_hosts`` (``~/.ssh/known_hosts`` when unset)
-    before any credential is sent.  An unknown key raises
-    :class:`~ftpbc.errors.HostKeyRejected` naming the server and the key's SHA256 fingerprint,
-    unless ``auto_accept_host_keys`` is on, in which case it is accepted and appended to the
-    file.  A key that *differs* from the recorded one is always refused, auto-accept or not:
-    that is what a man-in-the-middle looks like.
+    The server's key is checked against ``known_hosts`` (``~/.ssh/known_hosts`` when unset, read
+    by :mod:`ftpbc.transport.knownhosts`) before any credential is sent.  A key the file marks
+    ``@revoked`` raises :class:`~ftpbc.errors.HostKeyRevoked`, whatever other lines say.  An
+    unknown key raises :class:`~ftpbc.errors.HostKeyRejected` naming the server and the key's
+    SHA256 fingerprint, unless ``auto_accept_host_keys`` is on and the file lists no key at all
+    for the host (nor a ``@cert-authority`` line): then it is appended to the file and logged at
+    WARNING with its type and fingerprint.  A key that *differs* from the recorded one, or is of
+    a type the file does not list for a host it knows, is always refused, auto-accept or not:
+    that is what a man-in-the-middle looks like.  ``@cert-authority`` lines are read but not
+    used (paramiko does not verify host certificates).
 
 Guarantees
     * Every socket has TCP_NODELAY (Nagle's algorithm made SFTP listings 4x slower).
@@ -46,9 +52,7 @@ Not guaranteed: SFTP has no file locking, and ``put`` is not atomic (stage, then
 
 from __future__ import annotations
 
-import base64
 import errno
-import hashlib
 import logging
 import posixpath
 import socket
@@ -90,13 +94,14 @@ from paramiko.sftp import (
     int64,
 )
 
-from ftpbc.config.servers import ServerConfig
+from ftpbc.config.servers import ServerConfig, open_secret_file_problem
 from ftpbc.errors import (
     AuthenticationFailed,
     ConfigError,
     ConnectFailed,
     ConnectionLost,
     HostKeyRejected,
+    HostKeyRevoked,
     NotFound,
     OutcomeUnknown,
     PermissionDenied,
@@ -104,8 +109,10 @@ from ftpbc.errors import (
     SourceGone,
     TransportError,
 )
+from ftpbc.transport import knownhosts
 from ftpbc.transport.base import Entry, Transport, normalize, stream_position
 from ftpbc.transport.errormap import DeadlineExceeded, Progress, RateGuard, translate_os_error
+from ftpbc.transport.knownhosts import HostKeys
 from ftpbc.transport.pool import Pool
 
 log = logging.getLogger("ftpbc.sftp")
@@ -409,8 +416,7 @@ class _Session:
 
 def fingerprint(key: paramiko.PKey) -> str:
     """OpenSSH's ``SHA256:...`` fingerprint of a public key."""
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+    return knownhosts.fingerprint(key.asbytes())
 
 
 def _known_hosts_path(cfg: ServerConfig) -> Path:
@@ -422,26 +428,17 @@ def _host_entry_name(cfg: ServerConfig) -> str:
     return cfg.host if cfg.port == 22 else f"[{cfg.host}]:{cfg.port}"
 
 
-def _load_known(cfg: ServerConfig) -> dict[str, paramiko.PKey]:
-    """The keys known_hosts records for this server, by key type (empty when none)."""
-    path = _known_hosts_path(cfg)
-    keys = paramiko.HostKeys()
-    try:
-        keys.load(str(path))
-    except FileNotFoundError:
-        return {}
-    except (OSError, paramiko.SSHException, ValueError) as exc:
-        raise ConfigError(f"cannot read known_hosts: {exc}", file=str(path), key="known_hosts") from None
-    found = keys.lookup(_host_entry_name(cfg))
-    return dict(found) if found is not None else {}
+def _load_known(cfg: ServerConfig) -> HostKeys:
+    """What known_hosts says about this server (nothing when the file does not exist)."""
+    return knownhosts.load(_known_hosts_path(cfg), _host_entry_name(cfg))
 
 
-def _prefer_known_key_types(t: paramiko.Transport, known: dict[str, paramiko.PKey]) -> None:
+def _prefer_known_key_types(t: paramiko.Transport, known: HostKeys) -> None:
     # Like OpenSSH, ask first for the host key types already recorded, so a server with several
     # host keys shows the one known_hosts can vouch for.
-    if not known:
+    wanted = set(known.types())
+    if not wanted:
         return
-    wanted = set(known)
     if "ssh-rsa" in wanted:
         wanted |= {"rsa-sha2-512", "rsa-sha2-256"}
     options = t.get_security_options()
@@ -449,49 +446,88 @@ def _prefer_known_key_types(t: paramiko.Transport, known: dict[str, paramiko.PKe
     options.key_types = tuple([k for k in current if k in wanted] + [k for k in current if k not in wanted])
 
 
-def _verify_host_key(cfg: ServerConfig, key: paramiko.PKey, known: dict[str, paramiko.PKey]) -> None:
-    path = _known_hosts_path(cfg)
-    kind = key.get_name()
-    recorded = known.get(kind)
-    if recorded is not None:
-        if recorded == key:
-            return
+def _verify_host_key(cfg: ServerConfig, key: paramiko.PKey, known: HostKeys) -> None:
+    """Return only if ``key`` may be trusted for ``cfg``'s host; otherwise raise HostKeyRejected
+    (HostKeyRevoked for a revoked key) and leave known_hosts untouched."""
+    path = known.path
+    kind, blob = key.get_name(), key.asbytes()
+    shown = f"{kind} {knownhosts.fingerprint(blob)}"
+    revoked = known.revocation(blob)
+    if revoked is not None:
+        # Checked first: a revocation wins over any line that lists the same key.
+        raise HostKeyRevoked(f"host key {shown} is marked @revoked in {path} (line {revoked.line}); "
+                             f"refusing to connect", server=cfg.display)
+    if known.find(blob) is not None:
+        return
+    same_type = [k for k in known.keys if k.key_type == kind]
+    if same_type:
         raise HostKeyRejected(
-            f"host key {kind} {fingerprint(key)} differs from the one recorded in {path} "
-            f"({fingerprint(recorded)}); refusing to connect (the key changed or someone is in between)",
+            f"host key {shown} differs from the one recorded in {path} "
+            f"({same_type[0].fingerprint}); refusing to connect (the key changed or someone is in between)",
             server=cfg.display)
+    entry = _host_entry_name(cfg)
+    add = f"ssh-keyscan -p {cfg.port} -t {kind} {cfg.host} >> {path}"
+    if known.keys:
+        # A server that suddenly shows a key of another type is what someone in between looks
+        # like (a stripped or downgraded negotiation): never learned, even with auto-accept.
+        raise HostKeyRejected(
+            f"host key {shown} is not in {path}, which knows {entry} only by "
+            f"{', '.join(known.types())}; refusing a new key type for a known host "
+            f"(auto_accept_host_keys never adds one); if the server has a new key, add it ({add})",
+            server=cfg.display)
+    if known.authorities:
+        # The operator meant the host to be vouched for by a CA, which cannot be checked here;
+        # learning a key on first sight instead would quietly replace that with no check at all.
+        raise HostKeyRejected(
+            f"host key {shown} is not in {path}; {entry} is listed only by a @cert-authority line "
+            f"(line {known.authorities[0].line}), and host certificates are not accepted: list the "
+            f"host's own key ({add})", server=cfg.display)
     if not cfg.auto_accept_host_keys:
-        others = f" (known_hosts has only {', '.join(sorted(known))} for it)" if known else ""
         raise HostKeyRejected(
-            f"host key {kind} {fingerprint(key)} is not in {path}{others}; add it "
-            f"(ssh-keyscan -p {cfg.port} {cfg.host} >> {path}) or set auto_accept_host_keys",
+            f"host key {shown} is not in {path}; add it ({add}) or set auto_accept_host_keys",
             server=cfg.display)
-    _remember_host_key(cfg, key, path)
+    if _remember_host_key(entry, kind, blob, path):
+        log.warning("%s: learned host key %s for %s (auto_accept_host_keys), recorded in %s",
+                    cfg.display, shown, entry, path)
 
 
-def _remember_host_key(cfg: ServerConfig, key: paramiko.PKey, path: Path) -> None:
-    line = f"{_host_entry_name(cfg)} {key.get_name()} {key.get_base64()}\n"
+def _remember_host_key(entry: str, kind: str, blob: bytes, path: Path) -> bool:
+    """Append the key to known_hosts; False if an identical line was already there."""
+    line = knownhosts.line_for(entry, kind, blob)
     with _known_hosts_lock:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.exists() and line in path.read_text(encoding="utf-8").splitlines(keepends=True):
-                return  # another session of this process recorded it a moment ago
+                return False  # another session of this process recorded it a moment ago
             # One append of one short line: O_APPEND keeps concurrent writers' lines whole.
             with open(path, "a", encoding="utf-8") as fh:
                 fh.write(line)
         except OSError as exc:
             raise ConfigError(f"cannot record the host key: {exc.strerror}", file=str(path),
                               key="known_hosts") from None
+    return True
 
 
 # --------------------------------------------------------------------------- connecting
 
 
 def _load_key(cfg: ServerConfig) -> paramiko.PKey | None:
+    """The private key, or None without ``key_file``; ConfigError if it cannot be used, including
+    when group or others may read or write it (unless ``allow_insecure_secret_files``)."""
     if cfg.key_file is None:
         return None
+    path = cfg.key_file.expanduser()
+    if not cfg.allow_insecure_secret_files:
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            pass  # reported below, by the load itself
+        else:
+            problem = open_secret_file_problem(path, mode)
+            if problem is not None:
+                raise ConfigError(problem, key=f"servers.{cfg.name}.key_file")
     try:
-        return paramiko.PKey.from_path(cfg.key_file)
+        return paramiko.PKey.from_path(path)
     except paramiko.PasswordRequiredException:
         raise ConfigError("the key is passphrase-protected; ftpbc needs an unencrypted key file",
                           file=str(cfg.key_file), key="key_file") from None

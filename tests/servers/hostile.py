@@ -19,7 +19,16 @@ misbehaves in the one way it was told to (``behaviour``):
     logs in, and trickles its reply to DELE one byte per ``interval``;
 ``auth_inject``
     answers AUTH TLS with its 234 reply followed, in the same clear-text packet, by a forged
-    ``230 logged in``, then speaks TLS (with ``tls``, a certificate and its key).
+    ``230 logged in``, then speaks TLS (with ``tls``, a certificate and its key);
+``mlsd``
+    advertises MLSD, and answers MLSD with ``listing`` (raw bytes: odd names, odd facts...);
+``list``
+    does not advertise MLSD, and answers LIST with ``listing``.
+
+With ``pasv_host`` (a loopback address other than 127.0.0.1, such as 127.0.0.2), every PASV
+reply names that host instead of the server's own, with a port on which the server listens on
+127.0.0.1 as well as on ``pasv_host``: ``trapped`` counts the connections that followed the
+reply to ``pasv_host``, ``data_connections`` those that came to the control host's address.
 
 :class:`HostileSFTPServer` (SSH by paramiko in server mode, SFTP packets by hand) lets a client
 log in with any password, then:
@@ -40,6 +49,7 @@ socket they hold and joins every thread, which also unblocks a client stuck read
 
 from __future__ import annotations
 
+import errno
 import socket
 import ssl
 import struct
@@ -108,11 +118,19 @@ def _shut(sock: socket.socket) -> None:
 
 class HostileFTPServer:
     def __init__(self, behaviour: str, *, interval: float = 0.25,
-                 tls: tuple[Path, Path] | None = None) -> None:
-        if behaviour not in ("welcome", "feat", "feat_flood", "retr", "retr_flood", "dele", "auth_inject"):
+                 tls: tuple[Path, Path] | None = None, listing: bytes = b"",
+                 pasv_host: str | None = None) -> None:
+        if behaviour not in ("welcome", "feat", "feat_flood", "retr", "retr_flood", "dele", "auth_inject",
+                             "mlsd", "list"):
             raise ValueError(f"unknown behaviour {behaviour!r}")
         self.behaviour = behaviour
         self.interval = interval
+        self.listing = listing
+        self.pasv_host = pasv_host
+        #: data connections made to ``pasv_host`` (a client that followed the PASV reply)
+        self.trapped = 0
+        #: data connections made to the control connection's address
+        self.data_connections = 0
         self._tls: ssl.SSLContext | None = None
         if tls is not None:
             self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -199,13 +217,25 @@ class HostileFTPServer:
                     conn.sendall(b"211-Features:\r\n")
                     self._endless_lines(conn, flood=True)
                     return
-                conn.sendall(b"211-Features:\r\n SIZE\r\n211 End\r\n")
+                mlsd = b" MLSD\r\n" if self.behaviour == "mlsd" else b""
+                conn.sendall(b"211-Features:\r\n SIZE\r\n" + mlsd + b"211 End\r\n")
             elif verb in ("TYPE", "OPTS", "NOOP"):
                 conn.sendall(b"200 ok\r\n")
             elif verb == "PASV":
-                data_listener = self._t.track(socket.create_server(("127.0.0.1", 0)))
-                port = data_listener.getsockname()[1]
-                conn.sendall(f"227 Entering Passive Mode (127,0,0,1,{port >> 8},{port & 255})\r\n".encode())
+                data_listener, port = self._passive_listener()
+                host = (self.pasv_host or "127.0.0.1").replace(".", ",")
+                conn.sendall(f"227 Entering Passive Mode ({host},{port >> 8},{port & 255})\r\n".encode())
+            elif (verb in ("MLSD", "LIST") and self.behaviour in ("mlsd", "list")
+                  and data_listener is not None):
+                conn.sendall(b"150 here it is\r\n")
+                data, _ = data_listener.accept()
+                self._t.track(data)
+                self.data_connections += 1
+                data.sendall(self.listing)
+                _shut(data)
+                data_listener.close()
+                data_listener = None
+                conn.sendall(b"226 done\r\n")
             elif verb == "RETR" and self.behaviour == "retr_flood" and data_listener is not None:
                 conn.sendall(b"150 here it comes, all of it\r\n")
                 data, _ = data_listener.accept()
@@ -229,6 +259,34 @@ class HostileFTPServer:
                 return
             else:
                 conn.sendall(b"502 not implemented\r\n")
+
+    def _passive_listener(self) -> tuple[socket.socket, int]:
+        """A data listener on 127.0.0.1 and its port; with ``pasv_host``, a trap listening on
+        the same port there, counting (and closing) what connects to it."""
+        for _ in range(50):
+            listener = self._t.track(socket.create_server(("127.0.0.1", 0)))
+            port: int = listener.getsockname()[1]
+            if self.pasv_host is None:
+                return listener, port
+            try:
+                trap = self._t.track(socket.create_server((self.pasv_host, port)))
+            except OSError as exc:
+                if exc.errno == errno.EADDRNOTAVAIL:  # not an address of this machine (10.0.0.1):
+                    return listener, port  # nothing to trap, a client following it fails
+                _shut(listener)  # that port is taken on the other address: try another one
+                continue
+            self._t.spawn(self._trap, trap)
+            return listener, port
+        raise OSError(f"no port free on both 127.0.0.1 and {self.pasv_host}")
+
+    def _trap(self, trap: socket.socket) -> None:
+        while not self._t.stopped.is_set():
+            try:
+                conn, _ = trap.accept()
+            except OSError:
+                return
+            self.trapped += 1
+            _shut(conn)
 
     def _flood(self, data: socket.socket) -> int:
         """Send FLOOD_RETR bytes on ``data`` (until the client closes it); return how many went."""
