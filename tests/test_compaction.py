@@ -8,6 +8,7 @@ removals.  Runs against pyftpdlib (listing, reads and deletes through FTP).
 from __future__ import annotations
 
 import json
+import stat
 import subprocess
 import sys
 from collections import Counter
@@ -70,7 +71,11 @@ def test_killed_compaction_loses_nothing_and_duplicates_nothing(
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], timeout=120, check=False,
                           capture_output=True)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
-    assert list((journal / "compaction").glob("*.json")), "the kill left no manifest to finish"
+    manifests = list((journal / "compaction").glob("*.json"))
+    assert manifests, "the kill left no manifest to finish"
+    # Manifests name remote paths: private to the node's user, as the journal is, whatever the umask.
+    assert {stat.S_IMODE(m.stat().st_mode) for m in manifests} == {0o600}
+    assert stat.S_IMODE((journal / "compaction").stat().st_mode) == 0o700
 
     stats = compact([src], dataset, journal, batch_size=40, progress=False)
     assert stats.recovered == 1

@@ -57,6 +57,7 @@ from ftpbc.errors import IncompleteRead, JournalError, NotFound, UnsafeNameError
 from ftpbc.exchange.area import REASON_SUFFIX, parse_archive_name
 from ftpbc.exchange.bounds import READ_MARGIN, BoundedSink
 from ftpbc.exchange.envelope import NAME_LIMIT, UnusableName
+from ftpbc.private_files import open_private, private_dir
 from ftpbc.transport import Entry, Transport, check_name, open_transport
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ class Compactor:
         from tqdm import tqdm
 
         stats = CompactStats(recovered=self.recover())
-        self.journal.mkdir(parents=True, exist_ok=True)
+        private_dir(self.journal)  # manifests name remote paths: private, like the journal
         work = [(s, f) for s in self.sources.values() for f in ARCHIVE_FOLDERS]
         for source, folder in tqdm(work, desc="compact", unit="folder", disable=not self.progress,
                                    leave=False):
@@ -366,8 +367,9 @@ class Compactor:
                     "paths": paths}
         mpath = self.journal / f"{batch}.json"
         mtmp = mpath.with_suffix(".json.tmp")
-        mtmp.write_text(json.dumps(manifest), encoding="utf-8")
-        with open(mtmp, "rb+") as fh:
+        with open(open_private(mtmp, os.O_WRONLY | os.O_TRUNC), "wb") as fh:
+            fh.write(json.dumps(manifest).encode("utf-8"))
+            fh.flush()
             os.fsync(fh.fileno())
         os.replace(mtmp, mpath)
         _fsync_dir(self.journal)
@@ -386,7 +388,7 @@ class Compactor:
     def _delete(self, source: ArchiveSource, paths: Sequence[str], batch: str, done_path: Path) -> None:
         # Progress marks need no fsync: a lost mark only repeats a delete, which NotFound absorbs.
         t = self.transport(source)
-        with open(done_path, "a", encoding="utf-8") as done:
+        with open(open_private(done_path, os.O_WRONLY | os.O_APPEND), "a", encoding="utf-8") as done:
             for n, path in enumerate(paths, 1):
                 try:
                     t.delete(path)
