@@ -10,6 +10,11 @@ One response poller per endpoint serves every outstanding request of this proces
 of ``outbox`` finds all the responses that have arrived, whatever the number of waiting threads.
 While requests are outstanding it polls soon after a poll that found nothing (backing off up to
 ``poll_interval``); with none outstanding it sends nothing at all.
+
+``Client(..., metrics=True)`` counts requests sent, responses received (error and expiry
+replies among them), timeouts, round-trip seconds and requests in flight in a Prometheus
+registry of its own (:attr:`Client.metrics_registry`); ``metrics_port=N`` also serves it on
+``http://127.0.0.1:N/metrics`` (see docs/operating.md).
 """
 
 from __future__ import annotations
@@ -18,10 +23,14 @@ import functools
 import io
 import logging
 import threading
+import time
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import BinaryIO, Unpack
+
+from prometheus_client import CollectorRegistry
 
 from ftpbc.cluster.liveness import LoopGuard
 from ftpbc.config.loader import load_config
@@ -34,14 +43,17 @@ from ftpbc.errors import (
     RequestExpired,
     RequestTimeout,
     TransportError,
+    UnknownRequest,
     UnsafeEntry,
 )
+from ftpbc.exchange.area import Direction, parse_archive_name
 from ftpbc.exchange.deadletter import DeadLetters
 from ftpbc.exchange.envelope import ERROR_TYPE, EXPIRED_TYPE
 from ftpbc.exchange.layout import AreaLayout, Candidate, PartnerLayout
 from ftpbc.exchange.lifecycle import Claimed, Lifecycle, op_id_for
 from ftpbc.exchange.runtime import MessageOptions, Runtime
 from ftpbc.faults import crash_point
+from ftpbc.metrics import NULL_CLIENT_OBSERVER, ClientMetrics, ClientObserver, HttpServer, serve_http
 
 log = logging.getLogger("ftpbc.client")
 
@@ -61,6 +73,8 @@ class _ResponsePoller:
         self._cv = threading.Condition()
         self._closed = False
         self._stranded = True  # a process that crashed with this node id may have left claims
+        #: requests whose response this poller handed to a caller: collected, never again
+        self.delivered = _Recent()
         self._delivery: ThreadPoolExecutor | None = None
         self._closing = threading.Event()
         self._guard = LoopGuard(f"response poller {endpoint}", None, self._closing,
@@ -80,6 +94,10 @@ class _ResponsePoller:
     def forget(self, uuid: str) -> None:
         with self._cv:
             self._waiters.pop(uuid, None)
+
+    def is_waiting(self, uuid: str) -> bool:
+        with self._cv:
+            return uuid in self._waiters
 
     def _run(self) -> None:
         delay = FIRST_BACKOFF
@@ -183,6 +201,7 @@ class _ResponsePoller:
             # The caller gave up meanwhile: leave the response for a later collect of its UUID.
             lc.unclaim(claimed)
             return
+        self.delivered.add(uid)
         result = (buf.getvalue(), claimed.candidate.envelope.headers.type == ERROR_TYPE)
         settle = functools.partial(_settle, fut, result, self.endpoint, uid,
                                    claimed.candidate.envelope.headers.type == EXPIRED_TYPE)
@@ -222,18 +241,45 @@ class _ResponsePoller:
 class Client:
     """A connection to the exchange areas of a configuration.  Thread-safe; use as a context."""
 
-    def __init__(self, config: Config, *, connections: int = 8) -> None:
+    def __init__(self, config: Config, *, connections: int = 8, metrics: bool = False,
+                 metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> None:
+        """``metrics``: count in :attr:`metrics_registry`; ``metrics_port`` (0: any free port)
+        also serves it over HTTP at :attr:`metrics_url` until :meth:`close`."""
         self.config = config
-        self.runtime = Runtime(config, connections=connections)
+        #: the client's own metrics (None without ``metrics``): never the process-wide registry
+        self.metrics_registry: CollectorRegistry | None = None
+        self._observer: ClientObserver = NULL_CLIENT_OBSERVER
+        self._metrics_http: HttpServer | None = None
+        if metrics or metrics_port is not None:
+            counted = ClientMetrics(config.node.id)
+            self.metrics_registry, self._observer = counted.registry, counted
+            if metrics_port is not None:
+                # Bound before anything else starts: a port in use fails the constructor cleanly.
+                self._metrics_http = serve_http(counted.registry, metrics_host, metrics_port,
+                                                name=f"client-metrics-{config.node.id}")
+        try:
+            self.runtime = Runtime(config, connections=connections)
+        except BaseException:
+            if self._metrics_http is not None:
+                self._metrics_http.close()
+            raise
         self.runtime.heartbeat.start()
         # A client restarted with a fixed node id finishes what its predecessor left in the
         # journal (e.g. returns a claimed response to outbox, so collect() can find it).
         self.recovered = self.runtime.recover(orphans=False)
         self._pollers: dict[str, _ResponsePoller] = {}
         self._lock = threading.Lock()
+        #: (endpoint, uuid) of the requests submit() sent, for collect() to know them
+        self._submitted = _Recent()
+
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://host:port`` of the client's ``/metrics`` (None unless ``metrics_port``)."""
+        return self._metrics_http.url if self._metrics_http is not None else None
 
     @classmethod
-    def from_config(cls, path: str | Path, *, node_id: str | None = None) -> Client:
+    def from_config(cls, path: str | Path, *, node_id: str | None = None, metrics: bool = False,
+                    metrics_port: int | None = None) -> Client:
         """A client of the configuration in ``path``.
 
         Without ``node_id`` the client takes an identity of its own, ``<node.id>.client<N>``
@@ -241,17 +287,19 @@ class Client:
         the serving node of the same configuration, and it is reused run after run, so a
         client's journal is replayed by the next client instead of piling up.
         """
-        return cls.with_identity(load_config(path), node_id)
+        return cls.with_identity(load_config(path), node_id, metrics=metrics, metrics_port=metrics_port)
 
     @classmethod
-    def with_identity(cls, config: Config, node_id: str | None = None) -> Client:
+    def with_identity(cls, config: Config, node_id: str | None = None, *, metrics: bool = False,
+                      metrics_port: int | None = None) -> Client:
         """A client with ``node_id``, or with a client identity of its own (see from_config)."""
         if node_id:
-            return cls(config.with_node_id(node_id))
+            return cls(config.with_node_id(node_id), metrics=metrics, metrics_port=metrics_port)
         base = CLIENT_ID_RE.sub("", config.node.id)[:54]
         for slot in range(CLIENT_SLOTS):
             try:
-                return cls(config.with_node_id(f"{base}.client{slot}"))
+                return cls(config.with_node_id(f"{base}.client{slot}"), metrics=metrics,
+                           metrics_port=metrics_port)
             except JournalError as exc:
                 if "in use" not in str(exc):
                     raise
@@ -291,6 +339,8 @@ class Client:
         :meth:`send`)."""
         name, uid = self.runtime.new_message(endpoint, "request", **options)
         self._send(endpoint, name, uid, body, "request")
+        self._submitted.add((endpoint, uid))
+        self._observer.sent(endpoint)
         return uid
 
     def _send(self, endpoint: str, name: str, uid: str, body: bytes | str | BinaryIO, kind: str) -> str:
@@ -309,22 +359,40 @@ class Client:
         """The response to request ``uuid``, waiting up to ``timeout`` (default: the endpoint's).
 
         Raises RemoteHandlerError if the provider's handler failed, RequestTimeout if nothing
-        came in time.  Works from any process, also after the submitting one crashed.
+        came in time.  Works from any process, also after the submitting one crashed.  Raises
+        UnknownRequest at once, rather than after the timeout, for a request this client already
+        collected, and for one it did not submit when neither the request nor its response is in
+        the exchange area (never sent, collected by another client, or expired and filed).
         """
         poller = self._poller(endpoint)
+        if uuid in poller.delivered:
+            raise UnknownRequest(endpoint, uuid, "its response was already collected")
+        if (endpoint, uuid) not in self._submitted and not poller.is_waiting(uuid) \
+                and not _on_its_way(self.runtime, endpoint, uuid):
+            raise UnknownRequest(endpoint, uuid, "not submitted by this client, and neither the request "
+                                 "nor a response to it is in the exchange area")
         return self._await(poller, uuid, poller.wait_for(uuid), timeout, request_name)
 
     def _await(self, poller: _ResponsePoller, uuid: str, fut: Future[tuple[bytes, bool]],
-               timeout: float | None, request_name: str | None) -> bytes:
+               timeout: float | None, request_name: str | None, sent: float | None = None) -> bytes:
+        """Wait for ``fut``; ``sent`` (time.monotonic) is when the request went out, if this
+        process sent it (the round trip of a collect of another's request is unknown)."""
         endpoint = poller.endpoint
         ep = self.config.endpoint(endpoint)
         limit = ep.timeout if timeout is None else timeout
         request_file = f"{ep.repository}/inbox/{request_name or ep.request_prefix + uuid}"
-        try:
-            body, is_error = fut.result(timeout=limit)
-        except FutureTimeout:
-            poller.forget(uuid)
-            raise RequestTimeout(endpoint, request_file, limit) from None
+        observer = self._observer
+        with observer.waiting(endpoint):
+            try:
+                body, is_error = fut.result(timeout=limit)
+            except FutureTimeout:
+                poller.forget(uuid)
+                observer.timed_out(endpoint)
+                raise RequestTimeout(endpoint, request_file, limit) from None
+            except RequestExpired:
+                observer.answered(endpoint, "expired", _since(sent))
+                raise
+        observer.answered(endpoint, "error" if is_error else "ok", _since(sent))
         if is_error:
             raise RemoteHandlerError(endpoint, request_file, body.decode("utf-8", "replace"))
         return body
@@ -343,13 +411,15 @@ class Client:
         # Registered before sending, and this very future awaited: a reply delivered before this
         # thread gets to wait (a busy machine) completes it all the same.
         fut = poller.wait_for(uid)
+        started = time.monotonic()
         try:
             self._send(endpoint, name, uid, body, "request")
         except BaseException:
             poller.forget(uid)
             raise
+        self._observer.sent(endpoint)
         try:
-            return self._await(poller, uid, fut, timeout, name)
+            return self._await(poller, uid, fut, timeout, name, started)
         except (RequestTimeout, KeyboardInterrupt, SystemExit):
             poller.forget(uid)
             lc = self.runtime.lifecycle(endpoint)
@@ -377,6 +447,9 @@ class Client:
             p.close()
         self.runtime.heartbeat.stop()
         self.runtime.close()
+        if self._metrics_http is not None:
+            self._metrics_http.close()
+            self._metrics_http = None
 
 
 def _settle(fut: Future[tuple[bytes, bool]], result: tuple[bytes, bool], endpoint: str, uid: str,
@@ -388,6 +461,10 @@ def _settle(fut: Future[tuple[bytes, bool]], result: tuple[bytes, bool], endpoin
         fut.set_result(result)
 
 
+def _since(started: float | None) -> float | None:
+    return None if started is None else time.monotonic() - started
+
+
 def _correlation(c: Candidate) -> str:
     """The request a response answers."""
     return c.envelope.headers.correlation_id or c.uuid
@@ -395,3 +472,53 @@ def _correlation(c: Candidate) -> str:
 
 def _bytes(body: bytes | str | BinaryIO) -> bytes | BinaryIO:
     return body.encode("utf-8") if isinstance(body, str) else body
+
+
+class _Recent:
+    """A set of the last ``limit`` things added (thread-safe): a long-lived client forgets the
+    oldest rather than grow without bound."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self._items: OrderedDict[object, None] = OrderedDict()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def add(self, item: object) -> None:
+        with self._lock:
+            self._items[item] = None
+            if len(self._items) > self._limit:
+                self._items.popitem(last=False)
+
+    def __contains__(self, item: object) -> bool:
+        with self._lock:
+            return item in self._items
+
+
+#: where a request or its response is while a response may still come, in the order a message
+#: moves through them (a response is staged before the request leaves inselect)
+_ON_THE_WAY: tuple[tuple[Direction, str], ...] = (
+    ("in", "box"), ("in", "select"), ("out", "stage"), ("out", "box"), ("out", "select"))
+
+
+def _on_its_way(runtime: Runtime, endpoint: str, uuid: str) -> bool:
+    """Whether request ``uuid`` of ``endpoint`` waits or is being served, or its response is
+    staged, waiting or being collected.  Listed in the order a message moves: one that moves on
+    during the listings is found in a later directory.  Twice: a failed delivery moves a
+    request back from inselect to inbox, against that order."""
+    for _ in range(2):
+        for direction, kind in _ON_THE_WAY:
+            lc = runtime.lifecycle(endpoint, direction)
+            layout = lc.layout
+            assert isinstance(layout, AreaLayout)
+            try:
+                entries = lc.transport.list(layout.area.dir(direction, kind))
+            except NotFound:
+                continue
+            for e in entries:
+                if e.is_dir:
+                    continue
+                # a staged or claimed file is <name>~<node>
+                c = layout.decode_name(e.name if kind == "box" else parse_archive_name(e.name)[0])
+                if c is not None and (c.uuid if direction == "in" else _correlation(c)) == uuid:
+                    return True
+    return False

@@ -247,3 +247,22 @@ class UnsafeEntry(NotFound):
 
 class UnsafeSource(UnsafeEntry, SourceGone):
     """A rename's source is an :class:`UnsafeEntry`; like a lost claim race, nothing was moved."""
+
+
+# --------------------------------------------------------------------------- environment
+
+
+class MissingDependency(FtpbcError):
+    """Something a command needs is not installed here: an optional extra (``pip install
+    'ftpbc[spark]'``) or a program (Java for Spark).  The message says what to install."""
+
+
+class UnknownRequest(FtpbcError):
+    """:meth:`ftpbc.Client.collect` of a request id with nothing to wait for: never sent (by this
+    client, or still waiting in the exchange area), or its response already collected."""
+
+    def __init__(self, endpoint: str, uuid: str, reason: str) -> None:
+        self.endpoint = endpoint
+        self.uuid = uuid
+        self.reason = reason
+        super().__init__(f"endpoint {endpoint!r}: request {uuid}: {reason}")

@@ -1,5 +1,5 @@
-"""Prometheus metrics of a serving node (and, later, of a client): names, and the observer a
-provider reports its events to.
+"""Prometheus metrics of a serving node and of a client: names, the observers that report events
+to them, and the small HTTP server that exposes a registry.
 
 Every metric lives in a :class:`~prometheus_client.CollectorRegistry` of its own per node (never
 the process-wide default), so several nodes in one process (tests, the demo) do not collide.
@@ -13,17 +13,35 @@ Two kinds of figures:
 * figures read at scrape time from what the node keeps anyway (``ProviderStats`` counters, the
   in-flight count, the journal, liveness, the heartbeat): see :mod:`ftpbc.node.health`.
 
+A client (``Client(..., metrics=True)``) counts what it asks and gets in a
+:class:`ClientMetrics` (``ftpbc_client_...``), a registry of its own too.  :func:`serve_http`
+serves any registry on ``/metrics`` (with ``/healthz`` and ``/readyz``): the node's health
+server and a client's ``metrics_port`` share it, since the client may not import the node.
+
 This module imports nothing of ftpbc, so any layer may report to an observer.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+log = logging.getLogger("ftpbc.metrics")
 
 #: label names of every per-endpoint metric
 LABELS = ("endpoint", "node")
@@ -42,8 +60,9 @@ class EndpointObserver:
     def handled(self, seconds: float) -> None:
         """The handler returned (or raised) after ``seconds``."""
 
-    def completed(self, mtime: datetime | None, response_bytes: int) -> None:
-        """A message is done (committed, its reply out): end-to-end latency from ``mtime``."""
+    def completed(self, sent: datetime | None, response_bytes: int) -> None:
+        """A message is done (committed, its reply out): end-to-end latency from ``sent`` (the
+        send stamp its name carries, else its file's modification time)."""
 
     def listed(self, mtimes: Iterable[datetime | None]) -> None:
         """A listing of the box found these messages waiting (their files' times)."""
@@ -82,7 +101,8 @@ class NodeMetrics:
                                          LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self.latency_seconds = Histogram(
             "ftpbc_message_latency_seconds",
-            "End-to-end latency: from the message file's modification time to its reply being out.",
+            "End-to-end latency: from the message's send stamp (else its file's modification time) to "
+            "its reply being out.",
             LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self.inbox_depth = Gauge("ftpbc_inbox_messages", "Messages waiting in the box at the last listing.",
                                  LABELS, registry=r)
@@ -120,10 +140,10 @@ class PrometheusObserver(EndpointObserver):
     def handled(self, seconds: float) -> None:
         self._handler.observe(max(seconds, 0.0))
 
-    def completed(self, mtime: datetime | None, response_bytes: int) -> None:
+    def completed(self, sent: datetime | None, response_bytes: int) -> None:
         if response_bytes > 0:
             self._sent_bytes.inc(response_bytes)
-        age = age_seconds(mtime)
+        age = age_seconds(sent)
         if age is not None:
             self._latency.observe(age)
 
@@ -152,3 +172,159 @@ def age_seconds(when: datetime | None, now: float | None = None) -> float | None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return max((time.time() if now is None else now) - when.timestamp(), 0.0)
+
+
+# ---------------------------------------------------------------------------- a client's metrics
+
+
+class ClientObserver:
+    """What a client reports as it works; this base class ignores everything (no metrics)."""
+
+    def sent(self, endpoint: str) -> None:
+        """A request went out (``request`` or ``submit``)."""
+
+    def answered(self, endpoint: str, outcome: str, seconds: float | None) -> None:
+        """A response reached its caller: ``outcome`` ``ok``, ``error`` (the handler failed) or
+        ``expired`` (the request expired unserved); ``seconds`` since it was sent, if known."""
+
+    def timed_out(self, endpoint: str) -> None:
+        """A caller gave up waiting (RequestTimeout)."""
+
+    @contextmanager
+    def waiting(self, endpoint: str) -> Iterator[None]:
+        """Around a caller's wait for its response."""
+        yield
+
+
+#: the observer of a client nobody watches
+NULL_CLIENT_OBSERVER = ClientObserver()
+
+
+class ClientMetrics(ClientObserver):
+    """A client's metrics, in a registry of its own (a client beside a node in one process, or
+    two clients, must not collide).  Labels: ``endpoint`` and ``node`` (the client's identity)."""
+
+    def __init__(self, node_id: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
+        self.node_id = node_id
+        r = self.registry
+        self._sent = Counter("ftpbc_client_requests_sent", "Requests this client sent.", LABELS, registry=r)
+        self._received = Counter("ftpbc_client_responses_received",
+                                 "Responses handed to a waiting caller (answers, error and expiry replies).",
+                                 LABELS, registry=r)
+        self._errors = Counter("ftpbc_client_error_responses",
+                               "Error replies: the provider's handler failed (RemoteHandlerError).",
+                               LABELS, registry=r)
+        self._expired = Counter("ftpbc_client_requests_expired",
+                                "Requests that expired before any provider served them (RequestExpired).",
+                                LABELS, registry=r)
+        self._timeouts = Counter("ftpbc_client_requests_timed_out",
+                                 "Waits for a response that gave up (RequestTimeout).", LABELS, registry=r)
+        self._seconds = Histogram("ftpbc_client_request_seconds",
+                                  "Round trip of request(): from sending to the response in hand.",
+                                  LABELS, buckets=LATENCY_BUCKETS, registry=r)
+        self._in_flight = Gauge("ftpbc_client_requests_in_flight",
+                                "Callers waiting for a response now (request and collect).", LABELS,
+                                registry=r)
+
+    def _labels(self, endpoint: str) -> dict[str, str]:
+        return {"endpoint": endpoint, "node": self.node_id}
+
+    def sent(self, endpoint: str) -> None:
+        self._sent.labels(**self._labels(endpoint)).inc()
+
+    def answered(self, endpoint: str, outcome: str, seconds: float | None) -> None:
+        labels = self._labels(endpoint)
+        self._received.labels(**labels).inc()
+        if outcome == "error":
+            self._errors.labels(**labels).inc()
+        elif outcome == "expired":
+            self._expired.labels(**labels).inc()
+        if seconds is not None:
+            self._seconds.labels(**labels).observe(max(seconds, 0.0))
+
+    def timed_out(self, endpoint: str) -> None:
+        self._timeouts.labels(**self._labels(endpoint)).inc()
+
+    @contextmanager
+    def waiting(self, endpoint: str) -> Iterator[None]:
+        gauge = self._in_flight.labels(**self._labels(endpoint))
+        gauge.inc()
+        try:
+            yield
+        finally:
+            gauge.dec()
+
+
+# ---------------------------------------------------------------------------- HTTP
+
+
+@dataclass
+class HttpServer:
+    """A running ``/metrics`` ``/healthz`` ``/readyz`` server: :meth:`close` stops it."""
+
+    registry: CollectorRegistry
+    server: ThreadingHTTPServer
+    thread: threading.Thread
+
+    @property
+    def host(self) -> str:
+        return str(self.server.server_address[0])
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def serve_http(registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0, *,
+               not_ready: Callable[[], list[str]] | None = None,
+               before_scrape: Callable[[], None] | None = None, name: str = "metrics") -> HttpServer:
+    """Serve ``registry`` on ``host:port`` (0: any free port) from a daemon thread.
+
+    ``/metrics``: the registry (``before_scrape`` called first); ``/healthz``: 200 while the
+    process answers; ``/readyz``: 503 naming what ``not_ready`` returns, 200 when it returns
+    nothing (or there is no such check).  OSError when the port cannot be bound."""
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "ftpbc"
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                if before_scrape is not None:
+                    before_scrape()
+                self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                self._reply(200, b"ok\n")
+            elif path == "/readyz":
+                why = not_ready() if not_ready is not None else []
+                body = ("ready\n" if not why else "not ready: " + "; ".join(why) + "\n").encode()
+                self._reply(503 if why else 200, body)
+            else:
+                self._reply(404, b"not found: try /metrics, /healthz or /readyz\n")
+
+        def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            log.debug("%s %s", self.address_string(), format % args)
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name=name,
+                              daemon=True)
+    thread.start()
+    return HttpServer(registry, server, thread)

@@ -55,12 +55,14 @@ def free_port() -> int:
 
 # --------------------------------------------------------------------------- the real command line
 
-#: runs ``ftpbc.cli.main`` exactly as the installed ``ftpbc`` script does
-FTPBC = [sys.executable, "-c", "from ftpbc.cli import main; main()"]
+#: runs ``ftpbc.cli.main`` exactly as the installed ``ftpbc`` script does; ``-P``: without the
+#: working directory on sys.path (``python -c`` puts it first, the script does not)
+FTPBC = [sys.executable, "-P", "-c", "from ftpbc.cli import main; main()"]
 
 
 def ftpbc_env(extra: dict[str, str] | None = None, *, cwd_imports: str | None = None) -> dict[str, str]:
-    """os.environ plus ``extra``; ``cwd_imports`` is put on PYTHONPATH (e.g. the repo, for examples)."""
+    """os.environ plus ``extra``; ``cwd_imports`` is put on PYTHONPATH (e.g. the repo, for
+    ``tests.chaos:handler``; the examples name their handler directory in handler_path)."""
     env = {**os.environ, **(extra or {})}
     if cwd_imports is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (cwd_imports, env.get("PYTHONPATH")) if p)

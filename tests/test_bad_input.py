@@ -210,7 +210,10 @@ def test_unreachable_server_fails_within_the_timeout(tmp_path: Path) -> None:
 
     checked = check(path, env)
     assert checked.returncode == 1
-    assert f"server files (ftp://app@127.0.0.1:{port}), endpoint quote:" in checked.stderr
+    # One line for the server, naming what it left unchecked (not one per endpoint).
+    assert one_line(checked) == (f"ftpbc: check failed: server files (ftp://app@127.0.0.1:{port}): "
+                                 "unreachable: cannot connect: Connection refused; "
+                                 "not checked: endpoint quote")
 
 
 def ftp_config(tmp_path: Path, server: ServerHandle, handler: str | None = None) -> Path:

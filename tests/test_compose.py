@@ -134,7 +134,8 @@ def test_nodes_run_the_example_cluster_against_the_ftp_service(monkeypatch: pyte
         workdir = PurePosixPath(service["working_dir"])
         assert volumes[str(workdir / config.node.state_dir)] == "state"
         journal_volumes.add(volumes[str(workdir / config.node.journal_dir)])
-        # the handlers (examples.handlers) import from the working directory
+        # the handlers (examples.handlers) import from the working directory, named in handler_path
+        assert config.node.handler_path == (Path("."),)
         assert host_path(service, str(workdir / "examples" / "handlers.py")) == \
             (REPO / "examples" / "handlers.py").resolve()
     assert node_ids == {"node-a", "node-b"}

@@ -76,9 +76,12 @@ def cluster(tmp_path: Path, pyftpdlib_server: ServerHandle) -> Iterator[Cluster]
     text = URL_LINE.sub(lambda m: f"{m.group(1)}{url}", CLUSTER.read_text())
     config = tmp_path / "cluster.yaml"
     config.write_text(text, encoding="utf-8")
-    env = ftpbc_env({"FTPBC_PASSWORD": str(pyftpdlib_server.password)}, cwd_imports=str(REPO))
+    env = ftpbc_env({"FTPBC_PASSWORD": str(pyftpdlib_server.password)})
     logs = {n: tmp_path / f"{n}.log" for n in NODES}
-    procs = {n: popen_ftpbc("serve", "-c", str(config), "--node-id", n, log=logs[n], env=env, cwd=tmp_path)
+    # Run elsewhere than the repository root, its handler_path (.) finds no examples there:
+    # --path names the checkout, as a user serving the examples from another directory would.
+    procs = {n: popen_ftpbc("serve", "-c", str(config), "--node-id", n, "--path", str(REPO), log=logs[n],
+                            env=env, cwd=tmp_path)
              for n in NODES}
     try:
         for n in NODES:

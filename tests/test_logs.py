@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -98,3 +99,133 @@ def test_serve_logs_json_and_escapes_a_planted_name(pyftpdlib_server: ServerHand
         node.stop(timeout=30)
         for name in (EVIL, "req.\x1b[31mred"):
             (cluster.local("inbox") / name).unlink(missing_ok=True)
+
+
+def _message_config(handle: ServerHandle, tmp_path: Path, node_id: str, repository: str) -> Any:
+    from tests.cluster import in_process_config
+
+    return in_process_config(handle, tmp_path, node_id,
+                             {"ep": {"repository": repository, "poll_interval": 0.02, "timeout": 20}})
+
+
+def _echo_or_fail(message: Any) -> bytes:
+    if message.body.startswith(b"fail"):
+        raise ValueError("asked to fail")
+    return b"re:" + bytes(message.body)
+
+
+def test_one_info_line_per_message_with_its_outcome_and_debug_lines_for_its_steps(
+        pyftpdlib_server: ServerHandle, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from ftpbc.errors import RemoteHandlerError
+    from ftpbc.node.serve import Node
+
+    repo = pyftpdlib_server.fresh_dir() + "/ep"
+    caplog.set_level(logging.DEBUG, logger="ftpbc")
+    node = Node(_message_config(pyftpdlib_server, tmp_path, "srv-node", repo), handlers={"ep": _echo_or_fail})
+    node.start()
+    try:
+        with Client(_message_config(pyftpdlib_server, tmp_path, "cli", repo)) as client:
+            uids = {client.submit("ep", b"one"): "served", client.submit("ep", b"two"): "served",
+                    client.submit("ep", b"fail"): "failed"}
+            for uid, outcome in uids.items():
+                if outcome == "failed":
+                    with pytest.raises(RemoteHandlerError):
+                        client.collect("ep", uid)
+                else:
+                    client.collect("ep", uid)
+
+        def outcomes() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.name == "ftpbc.provider" and r.levelno == logging.INFO
+                    and getattr(r, "event", None) is not None]
+
+        # a failed request's reply goes out before its line is logged
+        wait_until(lambda: len(outcomes()) == 3, what="three outcome lines")
+    finally:
+        node.stop(drain_timeout=2)
+    lines = outcomes()
+    assert {r.message_id for r in lines} == set(uids)  # one line per message
+    for r in lines:
+        uid = r.message_id
+        assert r.endpoint == "ep" and r.event == uids[uid]
+        assert re.fullmatch(rf"ep: req\.{uid} {uids[uid]} in \d+\.\d{{3}} s", r.getMessage()), r.getMessage()
+        steps = " | ".join(d.getMessage() for d in caplog.records
+                           if d.levelno == logging.DEBUG and getattr(d, "message_id", None) == uid)
+        for step in ("claimed", "read", "committed", "reply to"):
+            assert step in steps, (step, steps)
+    parsed = json.loads(logs.formatter("json").format(lines[0]))
+    assert parsed["endpoint"] == "ep" and parsed["message_id"] in uids
+    assert parsed["event"] in ("served", "failed")
+
+
+def test_lines_are_not_built_when_their_level_is_off(pyftpdlib_server: ServerHandle, tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """At WARNING the per-message lines cost a level check: no record is even made."""
+    from ftpbc.node.serve import Node
+
+    made: list[str] = []
+    real = logging.Logger.makeRecord
+
+    def spy(self: logging.Logger, *args: Any, **kwargs: Any) -> logging.LogRecord:
+        if self.name in ("ftpbc.provider", "ftpbc.lifecycle") and args[1] < logging.WARNING:
+            made.append(str(args[3]))  # the unformatted message
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(logging.Logger, "makeRecord", spy)
+    caplog.set_level(logging.WARNING, logger="ftpbc")
+    repo = pyftpdlib_server.fresh_dir() + "/ep"
+    node = Node(_message_config(pyftpdlib_server, tmp_path, "quiet", repo), handlers={"ep": _echo_or_fail})
+    node.start()
+    try:
+        with Client(_message_config(pyftpdlib_server, tmp_path, "cli", repo)) as client:
+            assert client.request("ep", b"x") == b"re:x"
+    finally:
+        node.stop(drain_timeout=2)
+    assert made == []
+
+
+def test_a_server_outage_is_logged_once_and_its_recovery_once(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A pyftpdlib server of this test's own, stopped under a serving node and started again on
+    the same port: one ``cannot connect`` line, however many polls failed, then one
+    ``reconnected`` line, and the node serves again."""
+    import secrets
+
+    from ftpbc.embedded import EmbeddedFTPServer
+    from ftpbc.node.serve import Node
+    from tests.servers.pyftpd import handle_for
+
+    password = secrets.token_urlsafe(12)
+    root = tmp_path / "root"
+    root.mkdir()
+    caplog.set_level(logging.DEBUG, logger="ftpbc")
+    with EmbeddedFTPServer(root, password=password, auth_failed_delay=0) as srv:
+        handle = handle_for(srv, "pyftpdlib", password)
+        repo = handle.fresh_dir() + "/ep"
+        cfg = _message_config(handle, tmp_path, "outage", repo)
+        node = Node(cfg, handlers={"ep": _echo_or_fail})
+        node.start()
+        try:
+            provider = node.providers["ep"]
+            polls = provider.stats.polls
+            wait_until(lambda: provider.stats.polls > polls + 2, what="the node polling")
+
+            def pool_lines(text: str) -> list[logging.LogRecord]:
+                return [r for r in caplog.records if r.name == "ftpbc.pool" and r.levelno == logging.WARNING
+                        and text in r.getMessage()]
+
+            srv.stop()
+            wait_until(lambda: pool_lines("cannot connect"), timeout=30, what="the outage logged")
+            # the poller keeps failing meanwhile: its later connects are DEBUG lines only
+            wait_until(lambda: any(r.name == "ftpbc.pool" and "cannot connect again" in r.getMessage()
+                                   for r in caplog.records), timeout=30, what="a second failed connect")
+            srv.start()
+            wait_until(lambda: pool_lines("reconnected after"), timeout=30, what="the recovery logged")
+            with Client(_message_config(handle, tmp_path, "cli", repo)) as client:
+                assert client.request("ep", b"back") == b"re:back"
+        finally:
+            node.stop(drain_timeout=2)
+    assert len(pool_lines("cannot connect")) == 1
+    assert len(pool_lines("reconnected after")) == 1
+    [down] = pool_lines("cannot connect")
+    assert str(srv.port) in down.getMessage() and password not in down.getMessage()

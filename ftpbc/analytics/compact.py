@@ -50,6 +50,7 @@ from typing import Any, BinaryIO
 
 from ftpbc.analytics.mirror import precision_us
 from ftpbc.analytics.onerow import write_single_row_part
+from ftpbc.analytics.progress import bar_wanted
 from ftpbc.analytics.records import EPOCH, RAW_FIELDS, US, arrow_schema
 from ftpbc.analytics.sources import ARCHIVE_FOLDERS, ArchiveSource
 from ftpbc.config.servers import ServerConfig
@@ -199,7 +200,7 @@ class Compactor:
         stats = CompactStats(recovered=self.recover())
         private_dir(self.journal)  # manifests name remote paths: private, like the journal
         work = [(s, f) for s in self.sources.values() for f in ARCHIVE_FOLDERS]
-        for source, folder in tqdm(work, desc="compact", unit="folder", disable=not self.progress,
+        for source, folder in tqdm(work, desc="compact", unit="folder", disable=not bar_wanted(self.progress),
                                    leave=False):
             try:
                 listed = self.transport(source).list(source.folder_path(folder))

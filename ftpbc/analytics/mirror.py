@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ftpbc.analytics.progress import bar_wanted
 from ftpbc.analytics.records import EPOCH, US
 from ftpbc.analytics.sources import ARCHIVE_FOLDERS, ArchiveSource
 from ftpbc.config.servers import ServerConfig
@@ -131,13 +132,21 @@ def update_mirror(root: Path, sources: Sequence[ArchiveSource], *, progress: boo
     transports: dict[ServerConfig, Transport] = {}
     try:
         work = [(s, f) for s in sources for f in ARCHIVE_FOLDERS]
-        bar = tqdm(work, desc="mirror", unit="folder", disable=not progress, leave=False)
-        for source, folder in bar:
-            bar.set_postfix_str(f"{source.endpoint}/{folder} new={stats.new}")
-            t = transports.get(source.server)
-            if t is None:
-                t = transports[source.server] = open_transport(source.server)
-            mirror_folder(t, source, folder, root, stats)
+        # Counted by hand, not by iterating the bar: its iterator keeps the count to itself
+        # between redraws, so the postfix's redraw showed 0/32 throughout.
+        with tqdm(total=len(work), desc="mirror", unit="folder", disable=not bar_wanted(progress),
+                  leave=False) as bar:
+            for source, folder in work:
+                t = transports.get(source.server)
+                if t is None:
+                    t = transports[source.server] = open_transport(source.server)
+                before = stats.new
+                mirror_folder(t, source, folder, root, stats)
+                # Set once the folder is done: set before, it showed the previous folders'
+                # count against this folder's name.
+                bar.set_postfix_str(f"{source.endpoint}/{folder} new={stats.new - before} total={stats.new}",
+                                    refresh=False)
+                bar.update(1)
     finally:
         for t in transports.values():
             t.close()

@@ -7,10 +7,12 @@ commands never pay for importing Spark or paramiko.
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 
 import click
 
+from ftpbc.cli.common import add_log_options, log_options
 from ftpbc.errors import FtpbcError
 
 #: command name -> "module:attribute" of a click command.
@@ -30,7 +32,30 @@ LAZY_COMMANDS: dict[str, str] = {
 }
 
 
-class LazyGroup(click.Group):
+def summary(command: click.Command) -> str:
+    """What a command list shows for ``command``: its ``short_help``, else the first paragraph
+    of its help, whole (click's default cuts it to the terminal's width, mid-sentence)."""
+    if command.short_help:
+        return " ".join(command.short_help.split())
+    first = inspect.cleandoc(command.help or "").split("\n\n", 1)[0]
+    return " ".join(first.split())
+
+
+class HelpGroup(click.Group):
+    """A group whose command list shows every command's summary whole (see :func:`summary`)."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, summary(command)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+class LazyGroup(HelpGroup):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
 
@@ -41,11 +66,14 @@ class LazyGroup(click.Group):
         module_name, attr = target.split(":")
         command = getattr(importlib.import_module(module_name), attr)
         assert isinstance(command, click.Command)
+        # Every command, and every subcommand of a group, takes the log options after its name.
+        add_log_options(command)
         return command
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ftpbc")
+@log_options
 def cli() -> None:
     """Exchange messages through files on FTP, FTPS, SFTP servers or shared directories."""
 
@@ -65,3 +93,9 @@ def main() -> None:
     except FtpbcError as exc:
         click.echo(f"ftpbc: error: {exc}", err=True)
         sys.exit(getattr(exc, "exit_code", 2))
+    except OSError as exc:
+        # A local file or directory that cannot be made or written (a state_dir below a file,
+        # a full disk): the path and the reason are what the user needs, not a traceback.
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        click.echo(f"ftpbc: error: {where}{exc.strerror or exc}", err=True)
+        sys.exit(2)

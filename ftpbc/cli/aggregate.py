@@ -6,41 +6,56 @@ from pathlib import Path
 
 import click
 
+from ftpbc.errors import ConfigError
+
 
 @click.command("aggregate")
 @click.option("-c", "--config", "config_path", required=True, type=click.Path(dir_okay=False),
-              help="configuration file")
-@click.option("--endpoint", "endpoints", multiple=True, help="endpoint to include (repeatable; default all)")
-@click.option("--since", help="first submit time included, ISO 8601 (naive = UTC)")
-@click.option("--until", help="submit times before this are included, ISO 8601 (naive = UTC)")
-@click.option("--bucket", default="1h", show_default=True, help="time bucket: 30s, 15m, 1h, 1d")
+              help="Read the configuration from this YAML file.")
+@click.option("--endpoint", "endpoints", multiple=True,
+              help="Include this endpoint (repeatable; default: every endpoint).")
+@click.option("--since", help="Include submit times from this one on, ISO 8601 (naive: UTC).")
+@click.option("--until", help="Include submit times before this one, ISO 8601 (naive: UTC).")
+@click.option("--bucket", default="1h", show_default=True,
+              help="Count per time bucket of this length: 30s, 15m, 1h, 1d.")
 @click.option("--out", default="aggregate-out", show_default=True, type=click.Path(file_okay=False),
-              help="output directory (figures, chart, listing mirror, compacted dataset)")
-@click.option("--master", default="local[*]", show_default=True, help="Spark master URL")
+              help="Write figures, chart, listing mirror and compacted dataset into this directory.")
+@click.option("--master", default="local[*]", show_default=True, help="Run on this Spark master URL.")
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE",
-              help="Spark setting, as spark-submit --conf (repeatable), e.g. "
-                   "spark.executor.memory=2g or spark.pyspark.python=/opt/py311/bin/python3")
+              help="Pass a Spark setting, as spark-submit --conf (repeatable), e.g. "
+                   "spark.executor.memory=2g or spark.pyspark.python=/opt/py311/bin/python3.")
 @click.option("--route", type=click.Choice(["auto", "mirror"]), default="auto", show_default=True,
-              help="auto: Spark lists file:// areas itself; mirror: list every area through ftpbc")
+              help="List file:// areas by Spark itself (auto) or every area through ftpbc (mirror).")
 @click.option("--compact", is_flag=True,
-              help="first move archived messages into <out>/compacted (Parquet) and remove them "
-                   "from the server, journaled under node.journal_dir")
-@click.option("--no-progress", is_flag=True, help="no progress bars")
+              help="First move archived messages into <out>/compacted (Parquet) and remove them "
+                   "from the server, journaled under node.journal_dir.")
+@click.option("--no-progress", is_flag=True, help="Draw no progress bars (none are drawn off a terminal).")
 def aggregate(config_path: str, endpoints: tuple[str, ...], since: str | None, until: str | None,
               bucket: str, out: str, master: str, confs: tuple[str, ...], route: str, compact: bool,
               no_progress: bool) -> None:
-    """Requests, responses, errors, unanswered requests and latency per endpoint and time bucket."""
-    from ftpbc.analytics.job import Options, parse_bucket, run
+    """Count requests, responses, errors, unanswered requests and latency per endpoint and time bucket.
+
+    Reads the archive directories with Spark (the ``spark`` extra and Java 17); see docs/aggregate.md.
+    """
+    from ftpbc.analytics.job import Options, parse_bucket, parse_time, run
+    from ftpbc.analytics.requirements import require_java, require_modules
     from ftpbc.analytics.sources import sources_from_config
     from ftpbc.config.loader import load_config
 
-    parse_bucket(bucket)  # refuse a bad value before any listing or Spark start
+    # Every option, then what Spark needs here, are checked before any listing or Spark start.
+    parse_bucket(bucket)
+    first = parse_time(since, "--since") if since else None
+    last = parse_time(until, "--until") if until else None
+    if first is not None and last is not None and first >= last:
+        raise ConfigError(f"--since {since!r} is not before --until {until!r}: no submit time is in between")
     spark_conf = {}
     for item in confs:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--conf")
         spark_conf[key.strip()] = value
+    require_modules()
+    require_java()
     config = load_config(config_path)
     sources = sources_from_config(config, endpoints)
     out_dir = Path(out)

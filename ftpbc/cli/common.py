@@ -2,49 +2,95 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from ftpbc.cli import logs
-from ftpbc.config.loader import load_config
-from ftpbc.config.models import Config
+
+if TYPE_CHECKING:
+    from ftpbc.config.models import Config
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def json_option(f: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(f)
 
 
 def config_option(f: F) -> F:
     return click.option("-c", "--config", "config_path", required=True,
                         type=click.Path(dir_okay=False),
-                        help="The YAML configuration file.")(f)
+                        help="Read the configuration from this YAML file.")(f)
 
 
 def node_id_option(f: F) -> F:
     return click.option("--node-id", default=None,
-                        help="This node's identity (overrides node.id; default: the host name). "
-                             "request/send default to a client identity of their own, <node.id>.clientN.")(f)
+                        help="Act as this node id (overrides node.id; default: the host name; request and "
+                             "send take a client identity of their own, <node.id>.clientN).")(f)
 
 
 def load(config_path: str, node_id: str | None = None) -> Config:
+    # Imported here: ``ftpbc --help`` loads this module and need not pay for pydantic.
+    from ftpbc.config.loader import load_config
+
     config = load_config(config_path, node_id=node_id)
     logs.set_node(config.node.id)  # json log lines carry it
     return config
 
 
-def setup_logging(verbose: bool, level: str | None = None, fmt: str | None = None) -> None:
-    """Logs on stderr, control characters escaped (:mod:`ftpbc.cli.logs`); ``level`` and ``fmt``
-    default to FTPBC_LOG_LEVEL and FTPBC_LOG_FORMAT, else info (debug if verbose) and text."""
-    logs.setup(level, fmt, verbose=verbose)
+#: where the log options given so far are kept: on the root context, so that one given before
+#: the subcommand (``ftpbc --log-format json send``) and one after it (``ftpbc send ...
+#: --log-format json``) end up in the same place, the later one winning
+_LOG_META = "ftpbc.logging"
+
+
+def setup_logging(verbose: bool = False, default: str = "warning") -> None:
+    """Logs on stderr, control characters escaped (:mod:`ftpbc.cli.logs`), at the level and in
+    the format the command line gave (``--log-level``, ``--log-format``, before or after the
+    subcommand), else FTPBC_LOG_LEVEL and FTPBC_LOG_FORMAT, else ``default`` (debug if
+    ``verbose``) and text.  The default is warning: a one-shot command's stderr carries its
+    own messages, not a line per step; ``serve`` logs at info."""
+    ctx = click.get_current_context(silent=True)
+    given: dict[str, str] = ctx.find_root().meta.get(_LOG_META, {}) if ctx is not None else {}
+    logs.setup(given.get("log_level"), given.get("log_format"), verbose=verbose, default=default)
+
+
+def _log_option(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    root = ctx.find_root()
+    if root.meta.get(_LOG_META) is None:
+        root.meta[_LOG_META] = {}
+        # main() also runs in-process (tests, embedding programs): hand the root logger back
+        # as it was when the command is done, not bound to a stream that may be gone by then.
+        root.call_on_close(logs.reset)
+    if value is not None and param.name is not None:
+        root.meta[_LOG_META][param.name] = value
+    setup_logging()
 
 
 def log_options(f: F) -> F:
-    """``--log-level`` and ``--log-format`` (default: FTPBC_LOG_LEVEL, FTPBC_LOG_FORMAT)."""
-    f = click.option("--log-format", type=click.Choice(logs.FORMATS), default=None,
-                     help="text (default) or json: one object per line.")(f)
-    return click.option("--log-level", type=click.Choice(logs.LEVELS), default=None,
-                        help="debug, info (default), warning or error.")(f)
+    """``--log-level`` and ``--log-format`` (default: FTPBC_LOG_LEVEL, FTPBC_LOG_FORMAT, else
+    info and text).  They configure logging as they are parsed and pass no argument to the
+    command; every command has them (see ``ftpbc.cli.LazyGroup``)."""
+    f = click.option("--log-format", type=click.Choice(logs.FORMATS), default=None, expose_value=False,
+                     callback=_log_option,
+                     help="Write log lines as text (default) or as JSON, one object per line.")(f)
+    return click.option("--log-level", type=click.Choice(logs.LEVELS), default=None, expose_value=False,
+                        callback=_log_option,
+                        help="Log at this level and above (default: info for serve, warning otherwise).")(f)
+
+
+def add_log_options(command: click.Command) -> None:
+    """Give ``command`` (and a group's subcommands) ``--log-level`` and ``--log-format`` unless
+    it has them already: every command takes them, after its name as well as before it."""
+    if not any(p.name == "log_level" for p in command.params):
+        log_options(command)
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            add_log_options(sub)
 
 
 def read_body(data: str | None, file: str | None, stdin: bool) -> bytes:
@@ -52,7 +98,9 @@ def read_body(data: str | None, file: str | None, stdin: bool) -> bytes:
     if len(given) != 1:
         raise click.UsageError("give exactly one of --data TEXT, --file PATH or - (standard input)")
     if data is not None:
-        return data.encode("utf-8")
+        # An argument that is not valid in the locale's encoding reaches Python as lone
+        # surrogates (surrogateescape): os.fsencode gives back the bytes that were typed.
+        return os.fsencode(data)
     if file is not None:
         try:
             with open(file, "rb") as fh:

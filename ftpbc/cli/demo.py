@@ -3,8 +3,10 @@ embedded FTP server on its own, for docker-compose and for trying a configuratio
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,9 +19,9 @@ from ftpbc.errors import ConfigError
 
 @click.command()
 @click.option("--requests", "requests", type=click.IntRange(1, 100_000), default=300, show_default=True,
-              help="How many requests to send.")
+              help="Send this many requests.")
 @click.option("--clients", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="Client threads sending requests concurrently.")
+              help="Send from this many client threads at once.")
 @click.option("--keep", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep the FTP root, journals and state in this directory for inspection.")
 @click.option("--no-progress", is_flag=True, help="Do not draw the progress bar.")
@@ -35,7 +37,8 @@ def demo(requests: int, clients: int, keep: Path | None, no_progress: bool) -> N
 
     click.echo(f"ftpbc demo: embedded FTP server, nodes node-a and node-b, {requests} requests "
                f"from {clients} client threads", err=True)
-    with tqdm(total=requests, unit="req", disable=no_progress, leave=False) as bar:
+    # A bar only on a terminal: in a log file its carriage-return frames pile up on one line.
+    with tqdm(total=requests, unit="req", disable=no_progress or not sys.stderr.isatty(), leave=False) as bar:
         lock = threading.Lock()
 
         def advance(n: int) -> None:
@@ -68,23 +71,26 @@ def _port_range(text: str | None) -> range | None:
 
 @click.command()
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Directory served as '/' (created if missing).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=click.IntRange(0, 65535), default=2121, show_default=True)
+              help="Serve this directory as '/' (created if missing).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Listen on this address.")
+@click.option("--port", type=click.IntRange(0, 65535), default=2121, show_default=True,
+              help="Listen on this port (0: any free one).")
 @click.option("--user", default="ftpbc", show_default=True, metavar="NAME[:PASSWORD]",
-              help="The one login.  A password given here is visible to local users in `ps`: "
+              help="Accept this one login.  A password given here is visible to local users in `ps`: "
                    "prefer NAME alone with the password in --password-env.")
 @click.option("--password-env", default="FTPBC_FTPD_PASSWORD", show_default=True,
-              help="Environment variable holding the password when --user gives none.")
+              help="Read the password from this environment variable when --user gives none.")
 @click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="PEM certificate (with its key, or see --tls-key): serve FTPS (explicit AUTH TLS), "
+              help="Serve FTPS (explicit AUTH TLS) with this PEM certificate (and its key, or see "
+                   "--tls-key); "
                    "TLS required: a login or transfer without it is refused.")
 @click.option("--tls-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="PEM private key, when not in the --tls-cert file.")
+              help="Read the PEM private key from this file, when not in the --tls-cert file.")
 @click.option("--implicit-tls", is_flag=True,
-              help="With --tls-cert: TLS from the first byte (implicit FTPS).")
-@click.option("--passive-ports", default=None, help="Passive data port range, e.g. 30000-30009.")
-@click.option("--masquerade", default=None, help="Address announced in passive replies (NAT).")
+              help="With --tls-cert: speak TLS from the first byte (implicit FTPS).")
+@click.option("--passive-ports", default=None,
+              help="Open passive data connections in this port range, e.g. 30000-30009.")
+@click.option("--masquerade", default=None, help="Announce this address in passive replies (behind NAT).")
 def ftpd(root: Path, host: str, port: int, user: str, password_env: str, tls_cert: Path | None,
          tls_key: Path | None, implicit_tls: bool, passive_ports: str | None, masquerade: str | None) -> None:
     """Run the embedded FTP server (pyftpdlib) until SIGTERM or Ctrl-C.
@@ -117,9 +123,20 @@ def ftpd(root: Path, host: str, port: int, user: str, password_env: str, tls_cer
     try:
         server.start()
     except OSError as exc:
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}", key="--port") from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {_reason(exc)}", key="--port") from None
     click.echo(f"ftpbc ftpd: serving {root} as {server.url}", err=True)
     started = time.monotonic()
     stop.wait()
     server.stop()
     click.echo(f"ftpbc ftpd: stopped after {time.monotonic() - started:.0f} s", err=True)
+
+
+def _reason(exc: OSError) -> str:
+    """Why a bind failed, in words: pyftpdlib wraps the socket's OSError in another whose
+    strerror is None (it printed "None"); a port in use says so and what to do."""
+    inner = exc.args[0] if len(exc.args) == 1 and isinstance(exc.args[0], OSError) else exc
+    if inner.errno == errno.EADDRINUSE:
+        return "the port is in use by another program (choose another with --port)"
+    if inner.strerror:
+        return inner.strerror
+    return str(inner) or type(inner).__name__

@@ -7,9 +7,9 @@ bidirectional overrides) in the formatted message, as ``\\r``, ``\\n``, ``\\t`` 
 ``\\uNNNN``; a traceback keeps its line breaks (text) or becomes the ``exc`` field (json).
 
 ``json``: one object per line with ``time`` (UTC, ISO 8601, milliseconds), ``level``,
-``logger``, ``node``, ``message``, and ``endpoint`` / ``message_id`` when the log call passes
-them (``extra={"endpoint": ..., "message_id": ...}``); a provider's threads name their endpoint,
-so ``endpoint`` is filled in for their lines too.
+``logger``, ``node``, ``message``, and ``endpoint`` / ``message_id`` / ``event`` when the log
+call passes them (``extra={"endpoint": ..., "message_id": ..., "event": ...}``); a provider's
+threads name their endpoint, so ``endpoint`` is filled in for their lines too.
 
 Environment: ``FTPBC_LOG_LEVEL`` and ``FTPBC_LOG_FORMAT`` set the defaults of every command.
 """
@@ -98,6 +98,9 @@ class JsonFormatter(logging.Formatter):
         message_id = getattr(record, "message_id", None)
         if message_id is not None:
             out["message_id"] = escape(str(message_id))
+        event = getattr(record, "event", None)  # a message's outcome (served, failed, ...)
+        if event is not None:
+            out["event"] = escape(str(event))
         if record.exc_info:
             out["exc"] = escape(self.formatException(record.exc_info))
         return json.dumps(out, ensure_ascii=False)
@@ -109,20 +112,42 @@ def formatter(fmt: str) -> logging.Formatter:
     return JsonFormatter() if fmt == "json" else TextFormatter()
 
 
-def setup(level: str | None = None, fmt: str | None = None, *, verbose: bool = False) -> None:
+def setup(level: str | None = None, fmt: str | None = None, *, verbose: bool = False,
+          default: str = "info") -> None:
     """Configure the root logger on stderr.  ``level``/``fmt`` None: the environment's
-    (``FTPBC_LOG_LEVEL``, ``FTPBC_LOG_FORMAT``), else info (debug with ``verbose``) and text."""
-    level = (level or os.environ.get(LEVEL_ENV) or ("debug" if verbose else "info")).lower()
+    (``FTPBC_LOG_LEVEL``, ``FTPBC_LOG_FORMAT``), else ``default`` (debug with ``verbose``) and text."""
+    level = (level or os.environ.get(LEVEL_ENV) or ("debug" if verbose else default)).lower()
     if level not in LEVELS:
         raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter((fmt or os.environ.get(FORMAT_ENV) or "text").lower()))
     root = logging.getLogger()
-    for old in list(root.handlers):
-        if getattr(old, "_ftpbc", False):
-            root.removeHandler(old)
+    global _level_before
+    if _level_before is None:
+        _level_before = root.level
+    _remove_handlers(root)
     handler._ftpbc = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(getattr(logging, level.upper()))
     for noisy in ("paramiko", "pyftpdlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+#: the root logger's level before :func:`setup` first changed it (None: not changed)
+_level_before: int | None = None
+
+
+def _remove_handlers(root: logging.Logger) -> None:
+    for old in list(root.handlers):
+        if getattr(old, "_ftpbc", False):
+            root.removeHandler(old)
+
+
+def reset() -> None:
+    """Undo :func:`setup`: its handler removed, the root logger's level as it was before."""
+    global _level_before
+    root = logging.getLogger()
+    _remove_handlers(root)
+    if _level_before is not None:
+        root.setLevel(_level_before)
+        _level_before = None

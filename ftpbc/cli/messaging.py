@@ -15,8 +15,9 @@ from ftpbc.errors import RequestExpired, RequestTimeout
 
 def _body_options(f: F) -> F:
     f = click.argument("stdin", required=False, type=click.Choice(["-"]))(f)
-    f = click.option("--file", "file", type=click.Path(dir_okay=False), help="Read the body from a file.")(f)
-    f = click.option("--data", help="The body, as text.")(f)
+    f = click.option("--file", "file", type=click.Path(dir_okay=False),
+                     help="Read the body from this file.")(f)
+    f = click.option("--data", help="Send this text as the body (as typed: bytes that are not UTF-8 too).")(f)
     return f
 
 
@@ -25,7 +26,8 @@ def _body_options(f: F) -> F:
 @node_id_option
 @click.argument("endpoint")
 @_body_options
-@click.option("--timeout", type=float, default=None, help="Seconds to wait (default: the endpoint's).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Wait this many seconds for the response (default: the endpoint's timeout).")
 @message_options
 def request(config_path: str, node_id: str | None, endpoint: str, data: str | None, file: str | None,
             stdin: str | None, timeout: float | None, priority: int | None, ttl: float | None,
@@ -61,6 +63,10 @@ def request(config_path: str, node_id: str | None, endpoint: str, data: str | No
         except ValueError as exc:  # an option the endpoint cannot carry
             raise click.UsageError(str(exc)) from None
     sys.stdout.buffer.write(answer)
+    if sys.stdout.isatty() and not answer.endswith(b"\n"):
+        # On a terminal the shell prompt would follow the body on its line; piped or redirected,
+        # the bytes stay exactly the response's.
+        sys.stdout.buffer.write(b"\n")
     sys.stdout.buffer.flush()
 
 

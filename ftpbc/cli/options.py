@@ -45,15 +45,16 @@ def parse_properties(values: tuple[str, ...]) -> dict[str, bool | int | float | 
 
 def message_options(f: F) -> F:
     """``--priority``, ``--ttl``, ``--property`` (repeatable), ``--correlation-id``, ``--type``."""
-    f = click.option("--type", "message_type", default=None, help="The message's type (JMSType).")(f)
-    f = click.option("--correlation-id", default=None, help="The message's correlation id.")(f)
+    f = click.option("--type", "message_type", default=None, help="Set the message's type (JMSType).")(f)
+    f = click.option("--correlation-id", default=None, help="Set the message's correlation id.")(f)
     f = click.option("--property", "properties", multiple=True, metavar="NAME=VALUE",
-                     help="A property (repeatable); true/false is a boolean, an integer an int, a "
+                     help="Add a property (repeatable); true/false is a boolean, an integer an int, a "
                           "number with a point or exponent a float, anything else text.")(f)
     f = click.option("--ttl", type=click.FloatRange(0, min_open=True), default=None,
-                     help="Seconds until the message expires (default: the endpoint's ttl).")(f)
+                     help="Expire the message after this many seconds (default: the endpoint's ttl).")(f)
     f = click.option("--priority", type=click.IntRange(0, 9), default=None,
-                     help="0 (lowest) to 9 (highest); default: the endpoint's priority (4).")(f)
+                     help="Give the message this priority, 0 (lowest) to 9 (highest) (default: the "
+                          "endpoint's, 4).")(f)
     return f
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ftpbc.cli import HelpGroup
 from ftpbc.cli.common import F, config_option, load, node_id_option
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 def _selector_option(f: F) -> F:
     return click.option("--selector", default=None, metavar="EXPR",
-                        help="Only messages this JMS selector selects (docs/queues.md).")(f)
+                        help="Act only on the messages this JMS selector selects (docs/queues.md).")(f)
 
 
 def _json_option(f: F) -> F:
@@ -68,9 +69,9 @@ def _headline(env: Any) -> str:
 # --------------------------------------------------------------------------- dlq
 
 
-@click.group()
+@click.group(cls=HelpGroup)
 def dlq() -> None:
-    """Dead letters: messages an endpoint filed in indead instead of delivering them."""
+    """Manage dead letters: the messages an endpoint filed in indead instead of delivering them."""
 
 
 def _dlq_command(f: F) -> F:
@@ -138,7 +139,7 @@ def _chosen(letters: DeadLetters, idents: tuple[str, ...], sel: Selector | None,
 @dlq.command("replay")
 @_dlq_command
 @click.argument("idents", nargs=-1, metavar="[ID]...")
-@click.option("--all", "every", is_flag=True, help="Every dead letter (within --selector, if given).")
+@click.option("--all", "every", is_flag=True, help="Act on every dead letter (within --selector, if given).")
 def dlq_replay(config_path: str, node_id: str | None, endpoint: str, selector: str | None, as_json: bool,
                idents: tuple[str, ...], every: bool) -> None:
     """Put dead letters back into ENDPOINT's inbox, delivery count reset, expiration dropped.
@@ -165,7 +166,7 @@ def dlq_replay(config_path: str, node_id: str | None, endpoint: str, selector: s
 @dlq.command("purge")
 @_dlq_command
 @click.argument("idents", nargs=-1, metavar="[ID]...")
-@click.option("--all", "every", is_flag=True, help="Every dead letter (within --selector, if given).")
+@click.option("--all", "every", is_flag=True, help="Act on every dead letter (within --selector, if given).")
 def dlq_purge(config_path: str, node_id: str | None, endpoint: str, selector: str | None, as_json: bool,
               idents: tuple[str, ...], every: bool) -> None:
     """Delete dead letters (and their reason files) for good."""

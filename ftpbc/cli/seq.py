@@ -12,9 +12,13 @@ below what was already handed out makes names repeat: set start values before fi
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
 import click
 
-from ftpbc.cli.common import config_option, load, node_id_option
+from ftpbc.cli import HelpGroup
+from ftpbc.cli.common import F, json_option, load
 from ftpbc.config.models import Config
 from ftpbc.errors import PatternError
 from ftpbc.patterns import Pattern
@@ -57,32 +61,68 @@ def parse_name(config: Config, name: str) -> tuple[SequenceKind, str | None, str
     return counter.kind, endpoint, counter.key
 
 
-@click.group()
-@config_option
-@node_id_option
+def _location_options(f: F) -> F:
+    """``-c`` and ``--node-id``, given to the group and to each subcommand: ``ftpbc seq -c F
+    show`` and ``ftpbc seq show -c F`` both work (the subcommand's value wins)."""
+    f = click.option("--node-id", default=None,
+                     help="Act as this node id (overrides node.id; default: the host name).")(f)
+    return click.option("-c", "--config", "config_path", default=None, type=click.Path(dir_okay=False),
+                        help="Read the configuration from this YAML file.")(f)
+
+
+@click.group(cls=HelpGroup)
+@_location_options
 @click.pass_context
-def seq(ctx: click.Context, config_path: str, node_id: str | None) -> None:
+def seq(ctx: click.Context, config_path: str | None, node_id: str | None) -> None:
     """Show or set persisted sequence numbers (%0-%9, %{0}-%{9}, %{name}).
 
     Node-local counters (%0-%9) belong to one node id: give --node-id to see a node's own.
     """
-    ctx.obj = load(config_path, node_id)
+    ctx.obj = _Given(config_path, node_id)
+
+
+@dataclass(frozen=True)
+class _Given:
+    """What the group was given, for its subcommands."""
+
+    config_path: str | None
+    node_id: str | None
+
+
+def _config(config_path: str | None, node_id: str | None) -> Config:
+    """The configuration the subcommand or else the group was given (-c is required on one)."""
+    group = click.get_current_context().find_object(_Given) or _Given(None, None)
+    path = config_path or group.config_path
+    if path is None:
+        raise click.UsageError("Missing option '-c' / '--config' (before or after the subcommand).")
+    return load(path, node_id or group.node_id)
 
 
 @seq.command()
 @click.argument("name", required=False)
-@click.pass_obj
-def show(config: Config, name: str | None) -> None:
+@_location_options
+@json_option
+def show(name: str | None, config_path: str | None, node_id: str | None, as_json: bool) -> None:
     """List sequences and the value each will hand out next (or only NAME)."""
+    config = _config(config_path, node_id)
     store = store_for(config)
     if name is not None:
         kind, endpoint, key = parse_name(config, name)
-        click.echo(f"{name}\t{store.get(kind, endpoint, key)}\t{store.path(kind, endpoint, key)}")
+        value, path = store.get(kind, endpoint, key), store.path(kind, endpoint, key)
+        if as_json:
+            click.echo(json.dumps({"name": name, "kind": kind, "endpoint": endpoint, "next": value,
+                                   "file": str(path)}, indent=2))
+        else:
+            click.echo(f"{name}\t{value}\t{path}")
+        return
+    found = [{"kind": info.kind,
+              "sequence": info.token if info.endpoint is None else f"{info.endpoint}:{info.token}",
+              "endpoint": info.endpoint, "next": info.value, "file": str(info.path)} for info in store.list()]
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
         return
     rows = [("KIND", "SEQUENCE", "NEXT", "FILE")]
-    for info in store.list():
-        label = info.token if info.endpoint is None else f"{info.endpoint}:{info.token}"
-        rows.append((info.kind, label, str(info.value), str(info.path)))
+    rows += [(str(f["kind"]), str(f["sequence"]), str(f["next"]), str(f["file"])) for f in found]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True)) + "  " + row[3])
@@ -91,9 +131,10 @@ def show(config: Config, name: str | None) -> None:
 @seq.command(name="set")
 @click.argument("name")
 @click.argument("value", type=click.IntRange(min=0))
-@click.pass_obj
-def set_(config: Config, name: str, value: int) -> None:
+@_location_options
+def set_(name: str, value: int, config_path: str | None, node_id: str | None) -> None:
     """Make sequence NAME hand out VALUE next (under the same lock as the nodes)."""
+    config = _config(config_path, node_id)
     store = store_for(config)
     kind, endpoint, key = parse_name(config, name)
     before = store.get(kind, endpoint, key)

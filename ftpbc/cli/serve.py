@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -13,7 +14,7 @@ from types import FrameType
 
 import click
 
-from ftpbc.cli.common import config_option, load, log_options, node_id_option, setup_logging
+from ftpbc.cli.common import config_option, json_option, load, log_options, node_id_option, setup_logging
 from ftpbc.config.models import CLIENT_ID_RE, Config
 from ftpbc.errors import JournalError
 from ftpbc.journal import Journal
@@ -22,12 +23,14 @@ from ftpbc.journal import Journal
 @click.command()
 @config_option
 @node_id_option
-@click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
+@click.option("-v", "--verbose", is_flag=True, help="Log debug detail (as --log-level debug).")
 @log_options
+@click.option("--path", "handler_path", multiple=True, type=click.Path(file_okay=False),
+              help="Import handler modules from this directory too (repeatable; after node.handler_path).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve /metrics, /healthz and /readyz on this port (default: node.metrics).")
-def serve(config_path: str, node_id: str | None, verbose: bool, log_level: str | None,
-          log_format: str | None, metrics_port: int | None) -> None:
+def serve(config_path: str, node_id: str | None, verbose: bool, handler_path: tuple[str, ...],
+          metrics_port: int | None) -> None:
     """Serve every endpoint that has a handler, until SIGTERM or Ctrl-C.
 
     Replays this node's journal first; waits for servers that are not reachable yet.  On
@@ -35,11 +38,14 @@ def serve(config_path: str, node_id: str | None, verbose: bool, log_level: str |
     drain_timeout, returns what is left unfinished to the inbox for other nodes, delivers
     recorded results, and exits 0 (1 if a claim could not be returned).  A second signal exits
     at once and leaves the rest to recovery at the next start.
+
+    Handler modules are imported from node.handler_path, --path and the installed packages
+    (PYTHONPATH included), never from the working directory unless one of them names it.
     """
     from ftpbc.node.serve import Node
 
-    setup_logging(verbose, log_level, log_format)
-    node = Node(load(config_path, node_id))
+    setup_logging(verbose, default="info")
+    node = Node(load(config_path, node_id), handler_path=handler_path)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -126,19 +132,24 @@ def _client_ids(config: Config) -> list[str]:
 @click.command()
 @config_option
 @node_id_option
-def journal(config_path: str, node_id: str | None) -> None:
+@json_option
+def journal(config_path: str, node_id: str | None, as_json: bool) -> None:
     """List this node's pending journal operations (what recovery would act on)."""
     config = load(config_path, node_id)
-    _has_journal(config)
     directory = Path(config.node.journal_dir) / config.node.id
-    pending = Journal.read_pending(Path(config.node.journal_dir), config.node.id)
-    total = 0
-    for endpoint, ops in pending.items():
-        for op in ops:
-            total += 1
-            where = op.fields.get("target") or op.fields.get("dst") or op.fields.get("claim", "")
-            click.echo(f"{endpoint}\t{op.op_id}\t{' > '.join(op.events)}\t{where}")
-    click.echo(f"{total} pending operation(s) in {directory}")
+    # With --json, stdout is the document alone; the hint about other node ids stays on stderr.
+    found = _has_journal(config)
+    pending = Journal.read_pending(Path(config.node.journal_dir), config.node.id) if found else {}
+    rows = [{"endpoint": endpoint, "op_id": op.op_id, "events": list(op.events),
+             "where": op.fields.get("target") or op.fields.get("dst") or op.fields.get("claim", "")}
+            for endpoint, ops in pending.items() for op in ops]
+    if as_json:
+        click.echo(json.dumps({"node": config.node.id, "directory": str(directory), "pending": rows},
+                              indent=2))
+        return
+    for row in rows:
+        click.echo(f"{row['endpoint']}\t{row['op_id']}\t{' > '.join(row['events'])}\t{row['where']}")
+    click.echo(f"{len(rows)} pending operation(s) in {directory}")
 
 
 def _has_journal(config: Config, *, quiet: bool = False) -> bool:

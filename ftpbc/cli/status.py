@@ -7,6 +7,7 @@ import json
 import click
 
 from ftpbc.cli.common import config_option, load
+from ftpbc.cli.logs import escape
 
 
 @click.command()
@@ -15,9 +16,12 @@ from ftpbc.cli.common import config_option, load
 @click.option("--watch", type=click.FloatRange(min=0.5), default=None, metavar="SECONDS",
               help="Show it again every SECONDS until Ctrl-C.")
 def status(config_path: str, as_json: bool, watch: float | None) -> None:
-    """Nodes (alive or dead, from their heartbeats), and per endpoint the files in every
+    """Show the cluster at a glance: nodes, boxes, backlogs and throughput.
+
+    Nodes are alive or dead from their heartbeats (in state_dir or on the coordination server),
+    with what each serves and served in the last minute; per endpoint, the files in every
     directory of its exchange area, the oldest waiting message and what was served in the last
-    minute.  Read-only: safe beside running nodes."""
+    minute.  Takes no lock and moves nothing: safe beside running nodes."""
     import time
 
     from ftpbc.node.status import cluster_status, render
@@ -31,7 +35,9 @@ def status(config_path: str, as_json: bool, watch: float | None) -> None:
             else:
                 if watch is not None:
                     click.clear()
-                click.echo(render(current))
+                # File names, host names and what heartbeats say come from others: a control
+                # character in one must not repaint the terminal (JSON escapes them itself).
+                click.echo(escape(render(current), keep_newlines=True))
             if watch is None:
                 return
             time.sleep(watch)

@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 
-from ftpbc.cluster.heartbeat import Heartbeat, is_dead, live_elsewhere
+from ftpbc.cluster.heartbeat import Heartbeat, HeartbeatInfo, is_dead, live_elsewhere, read_heartbeats
 from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.sequences import SequenceStore
 
@@ -40,6 +40,7 @@ class Coordination(ABC):
     or a transfer's journal key) across the cluster; ``mode`` is the endpoint's ``lock``: ``file``
     (the cluster-wide lock of this coordination) or ``none`` (the thread lock only).
     ``heartbeat`` tells the others this node is alive, ``is_dead`` asks whether another node is,
+    ``heartbeats`` lists every node's (for ``ftpbc status``),
     ``sequences`` draws ``%0``-``%9`` (this node's own), ``%{0}``-``%{9}`` and ``%{name}`` (the
     cluster's).  Thread-safe.
     """
@@ -70,6 +71,11 @@ class Coordination(ABC):
     def live_elsewhere(self) -> str | None:
         """Who else runs this node's id (a live heartbeat of another process), as a sentence;
         None if nobody does."""
+
+    @abstractmethod
+    def heartbeats(self) -> list[HeartbeatInfo]:
+        """Every heartbeat there is (serving nodes and clients), alive or dead, by node id; a
+        heartbeat stays until its node stops cleanly, so a killed node is listed, dead."""
 
     @property
     @abstractmethod
@@ -104,6 +110,9 @@ class StateDirCoordination(Coordination):
 
     def live_elsewhere(self) -> str | None:
         return live_elsewhere(self.state_dir, self.node_id, self.lease)
+
+    def heartbeats(self) -> list[HeartbeatInfo]:
+        return read_heartbeats(self.state_dir, self.lease)
 
     @property
     def where(self) -> str:

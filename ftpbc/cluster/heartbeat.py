@@ -5,21 +5,96 @@ Each node (serving or client) rewrites ``<state_dir>/heartbeats/<node-id>`` ever
 live node may return its claims and clean its stage files.  Clocks: the file's modification
 time is set by the file server that holds ``state_dir``, and compared with this host's clock, so
 hosts must keep their clocks within a small fraction of the lease (NTP).
+
+The file's first line is ``<pid> <unix time> <host>``.  A serving node adds a second line, one
+JSON object ``{"serves": {"endpoints": [...], "transfers": [...]}}`` (:class:`Serves`), so that
+``ftpbc status`` can tell what each node serves.  Readers split the first line only, so a
+heartbeat without the second line (a client's, or one written by an older ftpbc) stays readable
+and older readers, which split the whole file and use its first fields, are not disturbed.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from ftpbc.errors import ConfigError
 from ftpbc.private_files import private_dir, write_private
 
 log = logging.getLogger("ftpbc.heartbeat")
+
+
+@dataclass(frozen=True)
+class Serves:
+    """What a serving node serves: published in its heartbeat for ``ftpbc status``."""
+
+    endpoints: tuple[str, ...] = ()
+    transfers: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        """The heartbeat's second line.  ASCII only (``ensure_ascii``): the server heartbeat is
+        written as ASCII, and a name must not turn into ``?`` on the way."""
+        return json.dumps({"serves": {"endpoints": list(self.endpoints), "transfers": list(self.transfers)}},
+                          separators=(",", ":"), ensure_ascii=True)
+
+    @classmethod
+    def parse(cls, line: str) -> Serves | None:
+        """The second line back; None if it is not one (absent, torn, from a later format)."""
+        try:
+            raw: Any = json.loads(line)
+            serves = raw["serves"]
+            endpoints, transfers = serves.get("endpoints", []), serves.get("transfers", [])
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+        names = (endpoints, transfers)
+        if not all(isinstance(x, list) and all(isinstance(n, str) for n in x) for x in names):
+            return None
+        return cls(tuple(endpoints), tuple(transfers))
+
+    def to_dict(self) -> dict[str, list[str]]:
+        return {"endpoints": list(self.endpoints), "transfers": list(self.transfers)}
+
+
+@dataclass(frozen=True)
+class HeartbeatInfo:
+    """One node's heartbeat as read by ``ftpbc status``: alive or not, and what it says."""
+
+    node_id: str
+    #: seconds since its last beat (on the clock that judges leases)
+    age: float
+    alive: bool
+    pid: int | None = None
+    host: str | None = None
+    #: what it serves; None for a client, or a heartbeat written before nodes published it
+    serves: Serves | None = None
+
+
+def parse_heartbeat(text: str) -> tuple[list[str], Serves | None]:
+    """The first line's fields and the :class:`Serves` of the second line (None if absent)."""
+    first, _, rest = text.partition("\n")
+    second = rest.split("\n", 1)[0].strip()
+    return first.split(), Serves.parse(second) if second else None
+
+
+def _pid_host(fields: list[str], host_field: int) -> tuple[int | None, str | None]:
+    pid = int(fields[0]) if fields and fields[0].isdigit() else None
+    return pid, fields[host_field] if len(fields) > host_field else None
+
+
+def beat_info(node_id: str, text: str, age: float, lease: float, *, host_field: int) -> HeartbeatInfo:
+    """A :class:`HeartbeatInfo` from a heartbeat file's text and age; ``host_field`` is the index
+    of the host among the first line's fields (2 in ``state_dir``, 3 on a server)."""
+    fields, serves = parse_heartbeat(text)
+    pid, host = _pid_host(fields, host_field)
+    return HeartbeatInfo(node_id, round(max(age, 0.0), 3), age <= lease, pid, host, serves)
 
 
 class Heartbeat:
@@ -40,17 +115,29 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         self._held: str | None = None
         self._failing: str | None = None
+        #: what this node serves, written in every beat (set by a serving node before start)
+        self.serves: Serves | None = None
+
+    def extra_lines(self) -> str:
+        """What follows the first line: the :class:`Serves` line of a serving node."""
+        return f"{self.serves.line()}\n" if self.serves is not None else ""
 
     def beat(self) -> None:
         # 0700/0600 whatever the umask: another local user able to write here could keep a dead
         # node looking alive, or make a live one look dead.
         private_dir(self.dir)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        write_private(tmp, f"{os.getpid()} {time.time():.3f} {_HOST}\n".encode())
+        write_private(tmp, f"{os.getpid()} {time.time():.3f} {_HOST}\n{self.extra_lines()}".encode())
         os.replace(tmp, self.path)
 
     def start(self) -> None:
-        self.beat()
+        try:
+            self.beat()
+        except OSError as exc:
+            # The first write into state_dir: a path below a file, a read-only or full disk is
+            # the operator's to fix, said in one line rather than a traceback.
+            raise ConfigError(f"cannot write {exc.filename or self.dir}: {exc.strerror or exc}",
+                              key="node.state_dir") from None
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self.path.name}", daemon=True)
         self._thread.start()
 
@@ -124,6 +211,25 @@ def _alive(pid: int) -> bool:
 
 
 _HOST = socket.gethostname().replace(" ", "-") or "localhost"
+
+
+def read_heartbeats(state_dir: Path, lease: float, *, now: float | None = None) -> list[HeartbeatInfo]:
+    """Every heartbeat in ``state_dir`` (serving nodes and clients), alive or dead, by node id."""
+    directory = Path(state_dir) / "heartbeats"
+    now = time.time() if now is None else now
+    out: list[HeartbeatInfo] = []
+    if not directory.is_dir():
+        return out
+    for path in sorted(directory.iterdir()):
+        if path.name.startswith(".") or not path.is_file():
+            continue  # .<id>.tmp: a beat being written (renamed into place whole)
+        try:
+            age = now - path.stat().st_mtime
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue  # removed meanwhile: a node that stopped cleanly
+        out.append(beat_info(path.name, text, age, lease, host_field=2))
+    return out
 
 
 def is_dead(state_dir: Path, node_id: str, lease: float) -> bool:

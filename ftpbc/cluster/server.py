@@ -7,7 +7,8 @@ given source succeeds for exactly one of the clients racing for it, the others g
 ``/.ftpbc-cluster``) on ``node.coordination_server``::
 
     heartbeats/<node-id>                          one per live node, rewritten every heartbeat_interval;
-                                                  its mtime (the server's clock) is the last beat
+                                                  its mtime (the server's clock) is the last beat; a
+                                                  serving node's has a second line: what it serves
     clock/<node-id>                               written once to read the server's clock, when a
                                                   process needs it before its first heartbeat
     locks/<key>/token.<token>                     a poll lock's marker (created once, never renamed)
@@ -73,7 +74,7 @@ from datetime import datetime
 from pathlib import Path, PurePath, PurePosixPath
 
 from ftpbc.cluster.coordination import Coordination, Health
-from ftpbc.cluster.heartbeat import Heartbeat
+from ftpbc.cluster.heartbeat import Heartbeat, HeartbeatInfo, beat_info
 from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.errors import FtpbcError, NotFound, OutcomeUnknown, SequenceError
 from ftpbc.sequences import (
@@ -257,6 +258,48 @@ class ServerCoordination(Coordination):
         except (IndexError, ValueError):
             return 0.0
 
+    def heartbeats(self) -> list[HeartbeatInfo]:
+        """Every heartbeat file in ``heartbeats/``, alive or dead; ages on the server's clock.
+        Reading them may write ``clock/<node-id>`` (to learn the server's clock), nothing else."""
+        try:
+            entries = self.transport.list(f"{self.dir}/heartbeats")
+        except NotFound:
+            return []
+        now = self.clock.now()
+        out: list[HeartbeatInfo] = []
+        for e in sorted(entries, key=lambda e: e.name):
+            if e.is_dir or e.name.startswith("."):
+                continue
+            text = self._read_beat(e.name)
+            if text is None:
+                continue  # removed since the listing: a node that stopped cleanly
+            if e.mtime is not None:
+                stamp = server_seconds(e.mtime)
+            else:  # a server without file times: the beat's own estimate of the server's time
+                fields = text.split("\n", 1)[0].split()
+                try:
+                    stamp = float(fields[2])
+                except (IndexError, ValueError):
+                    stamp = 0.0
+            out.append(beat_info(e.name, text, now - stamp, self.lease, host_field=3))
+        return out
+
+    def _read_beat(self, node_id: str) -> str | None:
+        """A heartbeat file's text; None if it is gone.  A beat is put over the file in place
+        (not staged), so a read may catch it half written: a whole one ends with a line break,
+        and a torn one is read again (the next beat is an interval away, the write milliseconds)."""
+        text = ""
+        for _ in range(3):
+            buf = io.BytesIO()
+            try:
+                self.transport.get(self.heartbeat_path(node_id), buf)
+            except NotFound:
+                return None
+            text = buf.getvalue().decode("ascii", "replace")
+            if text.endswith("\n"):
+                break
+        return text
+
     def live_elsewhere(self) -> str | None:
         """Who else runs this node id (a live heartbeat from another host or process), as a
         sentence; None if nobody does (or the server cannot tell yet)."""
@@ -347,7 +390,8 @@ class ServerHeartbeat(Heartbeat):
     """This node's heartbeat file on the coordination server.
 
     Each beat writes ``heartbeats/<node-id>`` (pid, this host's time, its estimate of the
-    server's time, host name) and reads back the mtime the server gave it: other nodes judge
+    server's time, host name; then, for a serving node, what it serves: see
+    :class:`~ftpbc.cluster.heartbeat.Serves`) and reads back the mtime the server gave it: other nodes judge
     the beat by that mtime, and this process learns the server's clock from it.
     """
 
@@ -362,7 +406,7 @@ class ServerHeartbeat(Heartbeat):
         c = self.coordination
         before = c.clock.host_time()
         estimate = before + (c.clock.offset or 0.0)
-        line = f"{os.getpid()} {before:.3f} {estimate:.3f} {HOST}\n"
+        line = f"{os.getpid()} {before:.3f} {estimate:.3f} {HOST}\n{self.extra_lines()}"
         c.put_bytes(self.remote, line.encode("ascii", "replace"))
         after = c.clock.host_time()
         c.clock.sample(c.transport.stat(self.remote).mtime, before, after)

@@ -58,6 +58,9 @@ class NodeConfig(_Frozen):
     state_dir: Path = Path(".ftpbc-state")
     #: this node's own journal and node-local sequences
     journal_dir: Path = Path("journals")
+    #: directories handler modules are imported from, after the installed packages (relative:
+    #: to the working directory, like state_dir); ``ftpbc serve --path DIR`` adds more
+    handler_path: tuple[Path, ...] = ()
     #: how often this node refreshes its heartbeat in state_dir
     heartbeat_interval: float = Field(default=5.0, gt=0)
     #: a claim whose owner's heartbeat is older than this is returned to the inbox

@@ -63,6 +63,7 @@ from ftpbc.exchange.layout import Candidate, Commit, Layout, Outbound
 from ftpbc.exchange.policy import DEFAULT_POLICY, QueuePolicy
 from ftpbc.faults import crash_point
 from ftpbc.journal import EndpointJournal, Operation
+from ftpbc.metrics import NULL_OBSERVER, EndpointObserver
 from ftpbc.paths import join
 from ftpbc.transport.base import Refused, Transport
 
@@ -107,6 +108,20 @@ class Claimed:
         return self.candidate.size
 
 
+class Disposition(str):
+    """What became of a message that could not be served: the text for a log line, and its
+    ``kind`` for whoever counts outcomes (``returned`` to the box, filed as an ``error``, filed
+    with the ``dead`` letters, or ``gone`` before it could be filed).  A str, so callers that
+    only log it need not know."""
+
+    kind: str
+
+    def __new__(cls, text: str, kind: str) -> Disposition:
+        self = super().__new__(cls, text)
+        self.kind = kind
+        return self
+
+
 def op_id_for(uuid: str | None, role: str) -> str:
     """Journal operation id: the message's UUID plus its role (one op per role per message)."""
     return f"{uuid or uuidlib.uuid4()}.{role}"
@@ -138,6 +153,8 @@ class Lifecycle:
                  policy: QueuePolicy = DEFAULT_POLICY) -> None:
         self.layout = layout
         self.policy = policy
+        #: told of the messages this lifecycle files as dead letters (a provider sets its own)
+        self.observer: EndpointObserver = NULL_OBSERVER
         #: expired messages the last listings found (name -> candidate), for take_expired
         self._expired: dict[str, Candidate] = {}
         layout.reserve = len(archive_name("", node_id, datetime.now(UTC)).encode("utf-8"))
@@ -454,14 +471,14 @@ class Lifecycle:
             except SourceGone:
                 pass
 
-    def read_failed(self, claimed: Claimed, exc: TransportError) -> str:
+    def read_failed(self, claimed: Claimed, exc: TransportError) -> Disposition:
         """Decide what a failed read means; return what was done (for the log line)."""
         if isinstance(exc, POISON_ERRORS):
             return self.redeliver(claimed, f"{type(exc).__name__}: {exc}")
         self.unclaim(claimed)
-        return "returned unchanged (connection fault)"
+        return Disposition("returned unchanged (connection fault)", "returned")
 
-    def redeliver(self, claimed: Claimed, reason: str) -> str:
+    def redeliver(self, claimed: Claimed, reason: str) -> Disposition:
         """Give a message back with its delivery count raised, or file it as an error once it
         has had ``max_deliveries``.  Returns what was done."""
         layout = self.layout
@@ -493,14 +510,16 @@ class Lifecycle:
             if len(self._held) >= MAX_HELD:
                 self._held.clear()
             self._held[name] = time.monotonic() + delay
-        return f"returned as delivery {count} of {self.max_deliveries}, held here for {delay:g} s"
+        return Disposition(f"returned as delivery {count} of {self.max_deliveries}, held here for "
+                           f"{delay:g} s", "returned")
 
     def file_error(self, claimed: Claimed, reason: str, *, dead: bool = False,
-                   refused: bool = False) -> str:
+                   refused: bool = False) -> Disposition:
         """Move a claimed message to the error directory (``dead``: the dead letters, if the
         layout has them) with ``reason`` beside it.  ``refused``: the claim is no longer a file
         this node may open (replaced by a link after it was claimed): moved as it is, unopened."""
         t = self.transport
+        dead = dead and bool(self.layout.dead_dir)
         directory = self.layout.dead_dir if dead and self.layout.dead_dir else self.layout.error
         target = self.layout.filed_path(directory, claimed.name, self.node_id, self.clock())
         self.layout.ensure_dir(t, target)
@@ -511,10 +530,12 @@ class Lifecycle:
                 rename_resolving(t, claimed.path, target)
         except SourceGone:
             self.journal.end(claimed.op_id)
-            return "gone before it could be filed as an error"
+            return Disposition("gone before it could be filed as an error", "gone")
+        if dead:
+            self.observer.dead_lettered()  # counted once moved: the reason file is a courtesy
         t.put(target + REASON_SUFFIX, io.BytesIO(reason.encode("utf-8") + b"\n"))
         self.journal.end(claimed.op_id)
-        return f"filed in {directory} ({reason})"
+        return Disposition(f"filed in {directory} ({reason})", "dead" if dead else "error")
 
     # ------------------------------------------------------------------ dead letters
 
@@ -608,6 +629,13 @@ class Lifecycle:
             if not self._commit(claim, commit):
                 return self._lost(op_id, stage if staged else None)
             crash_point("serve.after-commit")
+            if log.isEnabledFor(logging.DEBUG):  # no message id to cut out when nobody reads it
+                log.debug("%s: committed %s to %s", self.name, f.get("request", claim), commit or "(deleted)",
+                          extra={"message_id": _message_id(op_id)})
+            if self.filed_dead(commit):
+                # Counted where the rename happened, whoever runs this (a worker, the sweeper's
+                # expiry, recovery): an expired message with ``expired: dead_letter``.
+                self.observer.dead_lettered()
         elif commit and not f.get("cleanup") and not t.exists(commit):
             # Not claimed, not committed: our claim was returned while we looked dead.  Never
             # expose then.  (With cleanup, a missing commit means everything finished already.)
@@ -619,6 +647,9 @@ class Lifecycle:
         if out is not None:
             self.expose(out, staged=staged, body=lambda: io.BytesIO(self.journal.load_result(f)))
             crash_point("serve.after-expose")
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s: reply to %s out as %s", self.name, f.get("request", claim), out.target,
+                          extra={"message_id": _message_id(op_id)})
         if f.get("cleanup") and commit:
             try:
                 t.delete(commit)
@@ -626,6 +657,11 @@ class Lifecycle:
                 pass
         self.journal.end(op_id)
         return True
+
+    def filed_dead(self, path: str) -> bool:
+        """Whether ``path`` is in this layout's dead-letter directory."""
+        dead = self.layout.dead_dir
+        return bool(dead) and dead is not None and path.startswith(dead.rstrip("/") + "/")
 
     def _commit(self, claim: str, commit: str) -> bool:
         """Rename the claim to its commit place (or delete it in place); False if it was lost."""
@@ -687,6 +723,11 @@ class Lifecycle:
         self.journal.end(claimed.op_id)
 
 
+def _message_id(op_id: str) -> str:
+    """The message id of a journal operation id (``<uuid>.<role>``)."""
+    return op_id.rsplit(".", 1)[0]
+
+
 def _current_fields(f: dict[str, str]) -> dict[str, str]:
     """Fields of a ``served`` record, also as the previous release wrote them (an upgrade must
     finish what the old version left in its journal)."""
@@ -728,4 +769,5 @@ def _plain(name: str) -> Envelope:
     return Envelope(Headers(id=name), {}, name)
 
 
-__all__ = ["UNKNOWN_SIZE", "Claimed", "Commit", "Lifecycle", "Outbound", "op_id_for", "rename_resolving"]
+__all__ = ["UNKNOWN_SIZE", "Claimed", "Commit", "Disposition", "Lifecycle", "Outbound", "op_id_for",
+           "rename_resolving"]

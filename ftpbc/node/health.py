@@ -1,6 +1,7 @@
 """A node's HTTP endpoints for operators: ``/metrics`` (Prometheus), ``/healthz``, ``/readyz``.
 
-:func:`serve_metrics` starts a small HTTP server on a thread of its own for one
+:func:`serve_metrics` starts a small HTTP server (:func:`ftpbc.metrics.serve_http`, which a
+client's metrics share) on a thread of its own for one
 :class:`~ftpbc.node.serve.Node` and returns a handle to stop it.  Nothing here changes what the
 node does: the figures are read from what it keeps anyway (its providers' counters, in-flight
 counts, journals, the liveness of its loops, its heartbeat file) when Prometheus scrapes, and
@@ -18,22 +19,20 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ftpbc.cluster.liveness import Liveness
 from ftpbc.config.models import Config
 from ftpbc.errors import ConfigError
-from ftpbc.metrics import NodeMetrics, PrometheusObserver
+from ftpbc.metrics import HttpServer, NodeMetrics, PrometheusObserver, serve_http
 from ftpbc.node.provider import Poller, Provider
 
 log = logging.getLogger("ftpbc.health")
@@ -191,33 +190,35 @@ class MetricsServer:
     node: Watched
     registry: CollectorRegistry
     metrics: NodeMetrics
-    server: ThreadingHTTPServer
-    thread: threading.Thread
+    http: HttpServer
 
     @property
     def host(self) -> str:
-        return str(self.server.server_address[0])
+        return self.http.host
 
     @property
     def port(self) -> int:
-        return int(self.server.server_address[1])
+        return self.http.port
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return self.http.url
 
     def attach(self) -> None:
         """Give every provider of the node an observer (providers are built when it starts)."""
-        for name, poller in list(self.node.providers.items()):
-            current = poller.observer
-            if not (isinstance(current, PrometheusObserver) and current.endpoint == name
-                    and current.metrics is self.metrics):
-                poller.observer = self.metrics.observer(name)
+        attach_observers(self.node, self.metrics)
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
+        self.http.close()
+
+
+def attach_observers(node: Watched, metrics: NodeMetrics) -> None:
+    """Give every provider of ``node`` an observer counting in ``metrics`` (once each)."""
+    for name, poller in list(node.providers.items()):
+        current = poller.observer
+        if not (isinstance(current, PrometheusObserver) and current.endpoint == name
+                and current.metrics is metrics):
+            poller.observer = metrics.observer(name)
 
 
 def serve_metrics(node: Watched, host: str = "127.0.0.1", port: int = 0) -> MetricsServer:
@@ -228,46 +229,15 @@ def serve_metrics(node: Watched, host: str = "127.0.0.1", port: int = 0) -> Metr
     registry = CollectorRegistry(auto_describe=False)
     metrics = NodeMetrics(registry, node.node_id)
     registry.register(NodeCollector(node))
-    handle: MetricsServer
-
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "ftpbc"
-
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                handle.attach()
-                self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
-                self._reply(200, b"ok\n")
-            elif path == "/readyz":
-                why = not_ready(node)
-                body = ("ready\n" if not why else "not ready: " + "; ".join(why) + "\n").encode()
-                self._reply(503 if why else 200, body)
-            else:
-                self._reply(404, b"not found: try /metrics, /healthz or /readyz\n")
-
-        def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            log.debug("%s %s", self.address_string(), format % args)
-
+    attach_observers(node, metrics)
     try:
-        server = ThreadingHTTPServer((host, port), Handler)
+        http = serve_http(registry, host, port, not_ready=lambda: not_ready(node),
+                          before_scrape=lambda: attach_observers(node, metrics),
+                          name=f"metrics-{node.node_id}")
     except OSError as exc:
         raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}",
                           key="node.metrics", file=node.config.source) from None
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                              name=f"metrics-{node.node_id}", daemon=True)
-    handle = MetricsServer(node, registry, metrics, server, thread)
-    handle.attach()
-    thread.start()
+    handle = MetricsServer(node, registry, metrics, http)
     log.info("metrics on http://%s:%d/metrics (health: /healthz, /readyz)", handle.host, handle.port)
     return handle
 

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol, TypeVar
 
 from ftpbc.cluster.liveness import Liveness, LoopGuard
@@ -101,8 +102,7 @@ class Poller:
         self.config = config
         self.poll_lock = poll_lock
         self.stats = ProviderStats()
-        #: where this poller reports its events (metrics: ftpbc.node.health attaches one)
-        self.observer: EndpointObserver = NULL_OBSERVER
+        self._observer: EndpointObserver = NULL_OBSERVER
         self._stop = threading.Event()
         self._guard = LoopGuard(f"poller {name}", liveness, self._stop, first_wait=config.poll_interval,
                                 logger=log)
@@ -120,6 +120,19 @@ class Poller:
         self._capacity = config.workers
         self._refill_at = 1
         self._give_up_at = float("inf")
+
+    @property
+    def observer(self) -> EndpointObserver:
+        """Where this poller reports its events (metrics: ftpbc.node.health attaches one)."""
+        return self._observer
+
+    @observer.setter
+    def observer(self, observer: EndpointObserver) -> None:
+        self._observer = observer
+        self._observed(observer)
+
+    def _observed(self, observer: EndpointObserver) -> None:
+        """A new observer was attached (a subclass passes it on)."""
 
     def poll_once(self) -> int:
         """One poll: claimed count, 0 if nothing to do, -1 if another poller held the lock."""
@@ -281,6 +294,12 @@ class Provider(Poller):
         self._listing_seconds = 0.0
         #: messages this node found expired and filed, never delivered
         self.expired = 0
+        lifecycle.observer = self._observer
+
+    def _observed(self, observer: EndpointObserver) -> None:
+        # The lifecycle files dead letters (in workers, the sweeper and recovery alike): it
+        # reports them to the same observer.
+        self.lifecycle.observer = observer
 
     def _poll_locked(self, free: int) -> int:
         """Claim up to ``free`` messages from the remembered backlog, listing the box if empty.
@@ -302,6 +321,9 @@ class Provider(Poller):
             self.observer.listed(c.mtime for c in waiting)
             picks = waiting[:free]
             claimed, _ = lc.claim(picks, "serve")
+            if claimed and log.isEnabledFor(logging.DEBUG):
+                for c in claimed:
+                    log.debug("%s: claimed %s (in place)", self.name, c.name, extra=_about(self.name, c))
             return sum(1 for c in claimed if not self._stop.is_set() and self._serve_one(c))
         listed = False
         won = lost = tried = 0
@@ -329,6 +351,9 @@ class Provider(Poller):
                     break
             picks = self._take(free - won)
             claimed, lost_now = lc.claim(picks, "serve")
+            if claimed and log.isEnabledFor(logging.DEBUG):
+                for c in claimed:
+                    log.debug("%s: claimed %s", self.name, c.name, extra=_about(self.name, c))
             for c in claimed:
                 # a remembered message may have expired since it was listed: never delivered
                 job = self._expire_one if lc.is_expired(c.candidate) else self._serve_one
@@ -352,15 +377,29 @@ class Provider(Poller):
     def _expire_one(self, claimed: Claimed) -> bool:
         """File a claimed message that expired (inexpired or indead, a request's caller gets an
         expiry reply) instead of serving it; True once done."""
+        started = time.monotonic()
         lc = self.lifecycle
         fields = lc.record_expired(claimed)
         attempts = iter(range(1 << 30))
         ok = self._retry(lambda: lc.finish_served(claimed.op_id, fields, fresh=next(attempts) == 0))
         if ok:
             self.expired += 1
-            log.info("%s: %s expired before it was delivered; filed in %s", self.name, claimed.name,
-                     fields["commit"].rsplit("/", 1)[0])
+            self._outcome(claimed, "expired", started, "before it was delivered; filed in %s",
+                          fields["commit"].rsplit("/", 1)[0])
+        else:
+            self._outcome(claimed, "lost" if ok is False else "unfinished", started)
         return ok is not None
+
+    def _outcome(self, claimed: Claimed, outcome: str, started: float, detail: str = "",
+                 *args: object) -> None:
+        """The one INFO line per message: its outcome and how long this node took over it.
+
+        Lazy %-arguments, and nothing built unless INFO is on: this runs once per message."""
+        if not log.isEnabledFor(logging.INFO):
+            return
+        log.info("%s: %s %s in %.3f s" + (" " + detail if detail else ""), self.name, claimed.name, outcome,
+                 time.monotonic() - started, *args,
+                 extra={**_about(self.name, claimed), "event": outcome})
 
     def _take(self, count: int) -> list[Candidate]:
         """``count`` files from the best part of the backlog, chosen at random within it.
@@ -432,21 +471,29 @@ class Provider(Poller):
                 outcome = lc.file_error(claimed, f"{type(exc).__name__}: {exc}", refused=True)
                 log.warning("%s: %s is not a file it can read: %s", self.name, claimed.name, outcome)
                 self.stats.add(failed=1)
+                self._outcome(claimed, _FILED.get(outcome.kind, "failed"), started)
                 return False
             except MessageTooLarge as exc:  # listed larger than max_message_bytes: filed unread
                 outcome = lc.file_error(claimed, f"{type(exc).__name__}: {exc}")
                 log.warning("%s: %s is too large to read: %s", self.name, claimed.name, outcome)
                 self.stats.add(failed=1)
+                self._outcome(claimed, _FILED.get(outcome.kind, "failed"), started)
                 return False
             except NotFound:
                 # Our claim vanished: a live node returned it, believing us dead.
                 lc.journal.end(claimed.op_id)
                 self.stats.add(lost_claims=1)
+                self._outcome(claimed, "lost", started)
                 return False
             except TransportError as exc:
                 what = self._retry(functools.partial(lc.read_failed, claimed, exc))
                 log.warning("%s: cannot read %s: %s; %s", self.name, claimed.name, exc, what)
+                kind = getattr(what, "kind", None)
+                self._outcome(claimed, "unfinished" if kind is None else _FILED.get(kind, "failed"), started)
                 return False
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s: read %s: %d bytes", self.name, claimed.name, size,
+                          extra=_about(self.name, claimed))
             self.observer.received(size, claimed.candidate.mtime)
             env = claimed.candidate.envelope
             message = Message(self.name, claimed.name, env.headers.id, claimed.size, spool,  # type: ignore[arg-type]
@@ -462,10 +509,12 @@ class Provider(Poller):
                                        logger=log, what=f"{self.name}: handler failed on {claimed.name}")
             self.observer.handled(time.monotonic() - handler_started)
         with self._active_lock:
-            if claimed.op_id in self._abandoned:
-                log.info("%s: %s was handed back at shutdown; its result is dropped", self.name, claimed.name)
-                return False
-            self._active[claimed.op_id] = (claimed, "finishing")
+            abandoned = claimed.op_id in self._abandoned
+            if not abandoned:
+                self._active[claimed.op_id] = (claimed, "finishing")
+        if abandoned:  # logged outside the lock: the shutdown's hand-back waits for it
+            self._outcome(claimed, "returned", started, "(handed back at shutdown; its result is dropped)")
+            return False
         try:
             fields = lc.record_served(claimed, result, error=error)
         except Exception as exc:
@@ -475,17 +524,22 @@ class Provider(Poller):
             log.error("%s: cannot record the result of %s, returning it: %s: %s", self.name, claimed.name,
                       type(exc).__name__, exc)
             self._retry(functools.partial(lc.rename_back, claimed))
+            self._outcome(claimed, "returned", started)
             return False
         attempts = iter(range(1 << 30))
         # The first attempt knows the server's state; a retry must re-check it (stat calls).
         ok = self._retry(lambda: lc.finish_served(claimed.op_id, fields, fresh=next(attempts) == 0))
         if ok is False:
             self.stats.add(lost_claims=1)
+            self._outcome(claimed, "lost", started)
         elif ok:
             self.stats.add(served=1 if error is None else 0, failed=1 if error is not None else 0)
             with self.stats.lock:
                 self.stats.latencies.append(time.monotonic() - started)
-            self.observer.completed(claimed.candidate.mtime, len(result or b""))
+            self.observer.completed(sent_at(claimed.candidate), len(result or b""))
+            self._outcome(claimed, "served" if error is None else "failed", started)
+        else:
+            self._outcome(claimed, "unfinished", started, "(left for recovery: the node is stopping)")
         return ok is not None
 
     @property
@@ -493,3 +547,18 @@ class Provider(Poller):
         """A transfer's handler may return None (nothing to send); an endpoint's None is an
         empty response."""
         return self.lifecycle.layout.key.startswith(TRANSFER_KEY_PREFIX)
+
+
+#: a Disposition's kind (ftpbc.exchange.lifecycle) as the outcome of a message's log line
+_FILED = {"returned": "returned", "error": "failed", "dead": "dead-lettered", "gone": "lost"}
+
+
+def _about(endpoint: str, claimed: Claimed | Candidate) -> dict[str, object]:
+    """``extra=`` of a line about one message: JSON logs carry its endpoint and id."""
+    return {"endpoint": endpoint, "message_id": claimed.uuid}
+
+
+def sent_at(candidate: Candidate) -> datetime | None:
+    """When a message was sent: the send stamp its name carries (``headers.timestamp``), else
+    its file's modification time on the server (written once, so close to its sending too)."""
+    return candidate.envelope.headers.timestamp or candidate.mtime

@@ -12,9 +12,10 @@ import importlib
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ftpbc.cluster.heartbeat import Serves
 from ftpbc.cluster.liveness import LoopGuard
 from ftpbc.config.models import CLIENT_ID_RE, Config
 from ftpbc.errors import AuthenticationFailed, ConfigError
@@ -29,11 +30,16 @@ log = logging.getLogger("ftpbc.node")
 Handler = Callable[[Message], object]
 
 
-def load_handler(spec: str, *, key: str, source: str) -> Handler:
-    """Import ``package.module:function``; ConfigError naming it if that fails."""
+def load_handler(spec: str, *, key: str, source: str, path: Sequence[str | Path] = ()) -> Handler:
+    """Import ``package.module:function``; ConfigError naming it if that fails.
+
+    ``path``: directories to import handler modules from as well (node.handler_path, ``serve
+    --path``).  They are searched after the installed packages, so a file there never replaces a
+    library ftpbc itself uses; the working directory is not searched unless named (a stray
+    ``paramiko.py`` in it once replaced the real one).
+    """
     module_name, _, attr = spec.partition(":")
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))  # so examples.handlers works from a checkout
+    use_handler_path(path)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
@@ -45,19 +51,29 @@ def load_handler(spec: str, *, key: str, source: str) -> Handler:
     return handler  # type: ignore[no-any-return]
 
 
+def use_handler_path(path: Sequence[str | Path]) -> None:
+    """Append each directory of ``path`` (made absolute) to ``sys.path`` unless it is there."""
+    for entry in path:
+        directory = str(Path(entry).absolute())
+        if directory not in sys.path:
+            sys.path.append(directory)
+
+
 def recover(runtime: Runtime, *, orphans: bool = True) -> list[Action]:
     """Replay this node's journal (see :meth:`Runtime.recover`)."""
     return runtime.recover(orphans=orphans)
 
 
 class Node:
-    def __init__(self, config: Config, handlers: dict[str, Handler] | None = None) -> None:
+    def __init__(self, config: Config, handlers: dict[str, Handler] | None = None, *,
+                 handler_path: Sequence[str | Path] = ()) -> None:
         if CLIENT_ID_RE.search(config.node.id):
             raise ConfigError(f"node id {config.node.id!r} has the form of a client identity "
                               "(<id>.client<N>); give the serving node another id", key="node.id",
                               file=config.source)
         self.config = config
         handlers = handlers or {}
+        search = [*config.node.handler_path, *handler_path]
         served = {name: ep for name, ep in config.endpoints.items() if ep.handler or name in handlers}
         self.handlers: dict[str, Handler] = {}
         for name, ep in served.items():
@@ -66,16 +82,19 @@ class Node:
             else:
                 assert ep.handler is not None
                 self.handlers[name] = load_handler(ep.handler, key=f"endpoints.{name}.handler",
-                                                   source=config.source)
+                                                   source=config.source, path=search)
         self.transfer_handlers: dict[str, Handler] = {}
         for name, tc in config.transfers.items():
             if tc.receive_from is not None and (tc.handler or name in handlers):
                 self.transfer_handlers[name] = handlers.get(name) or load_handler(
-                    str(tc.handler), key=f"transfers.{name}.handler", source=config.source)
+                    str(tc.handler), key=f"transfers.{name}.handler", source=config.source, path=search)
         workers = (sum(config.endpoints[n].workers for n in self.handlers)
                    + sum(config.transfers[n].workers for n in self.transfer_handlers))
         served_count = len(self.handlers) + len(self.transfer_handlers)
         self.runtime = Runtime(config, connections=workers + 2 * served_count + 1)
+        # Published in every heartbeat, so that ``ftpbc status`` shows what each node serves.
+        self.runtime.heartbeat.serves = Serves(tuple(sorted(self.handlers)),
+                                               tuple(sorted(self.transfer_handlers)))
         self.providers: dict[str, Poller] = {}
         self.sweepers: list[Sweeper] = []
         #: sweep rounds done (every sweeper once per round)

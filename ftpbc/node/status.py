@@ -1,21 +1,24 @@
-"""The cluster at a glance, for ``ftpbc status``: nodes from their heartbeats in ``state_dir``,
-and per endpoint the depth of every directory of its exchange area, the oldest waiting
-message, and what was served over the last minute (from the archive names' stamps).
+"""The cluster at a glance, for ``ftpbc status``: nodes from their heartbeats (alive or dead,
+what each serves, what each served over the last minute), and per endpoint the depth of every
+directory of its exchange area, the oldest waiting message, and what was served over the last
+minute (from the archive names' stamps).
 
-Read-only: it lists directories and reads heartbeat files; it opens no journal, takes no lock
-and moves nothing, so it is safe beside running nodes.  It reads the state of
-``coordination: state_dir`` (heartbeats kept on a server are not shown).
+Heartbeats are read where ``node.coordination`` keeps them: ``state_dir``, or the coordination
+server (:meth:`~ftpbc.cluster.coordination.Coordination.heartbeats`).  Safe beside running nodes:
+it lists directories and reads heartbeat files; it opens no journal, takes no lock and moves
+nothing.  The only write is the server coordination's clock probe (``clock/<node-id>``), by
+which it learns the server's clock to age the heartbeats.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ftpbc.cluster.heartbeat import is_dead
+from ftpbc.cluster.factory import open_coordination
+from ftpbc.cluster.heartbeat import HeartbeatInfo, read_heartbeats
 from ftpbc.config.models import Config
 from ftpbc.errors import FtpbcError, NotFound
 from ftpbc.exchange.area import KINDS, REASON_SUFFIX, ExchangeArea, parse_archive_name
@@ -35,6 +38,16 @@ class NodeStatus:
     heartbeat_age: float
     pid: int | None = None
     host: str | None = None
+    #: ``{"endpoints": [...], "transfers": [...]}`` from its heartbeat; None for a client or a
+    #: node whose ftpbc does not publish it
+    serves: dict[str, list[str]] | None = None
+    #: endpoint -> requests this node archived within the last WINDOW seconds
+    served_last_minute: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, beat: HeartbeatInfo) -> NodeStatus:
+        return cls(beat.node_id, beat.alive, beat.age, beat.pid, beat.host,
+                   beat.serves.to_dict() if beat.serves is not None else None)
 
 
 @dataclass
@@ -46,6 +59,8 @@ class EndpointStatus:
     depth: dict[str, int] = field(default_factory=dict)
     #: ``inbox``/``outbox`` -> seconds the oldest file there has waited (absent when empty)
     oldest_age: dict[str, float] = field(default_factory=dict)
+    #: ``inbox``/``outbox`` -> name of that oldest file (of equal times, the first by name)
+    oldest_name: dict[str, str] = field(default_factory=dict)
     #: requests archived within the last WINDOW seconds, per node that served them
     served_last_minute: dict[str, int] = field(default_factory=dict)
     error: str | None = None
@@ -62,6 +77,10 @@ class ClusterStatus:
     time: str
     nodes: list[NodeStatus]
     endpoints: list[EndpointStatus]
+    #: where the heartbeats were read (``state_dir <dir>`` or ``server <server><dir>``)
+    coordination: str = ""
+    #: why no heartbeats could be read (the coordination server failed); None when they were
+    nodes_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -72,24 +91,28 @@ class ClusterStatus:
 
 def node_statuses(state_dir: Path, lease: float, *, now: float | None = None) -> list[NodeStatus]:
     """Every node (or client) with a heartbeat file in ``state_dir``, alive or dead."""
-    directory = Path(state_dir) / "heartbeats"
-    now = time.time() if now is None else now
-    out: list[NodeStatus] = []
-    if not directory.is_dir():
-        return out
-    for path in sorted(directory.iterdir()):
-        if path.name.startswith(".") or not path.is_file():
-            continue
-        try:
-            age = max(now - path.stat().st_mtime, 0.0)
-            fields = path.read_text(encoding="utf-8", errors="replace").split()
-        except OSError:
-            continue  # removed meanwhile: a node that stopped cleanly
-        pid = int(fields[0]) if fields and fields[0].isdigit() else None
-        host = fields[2] if len(fields) > 2 else None
-        out.append(NodeStatus(path.name, not is_dead(directory.parent, path.name, lease), round(age, 3),
-                              pid, host))
-    return out
+    return [NodeStatus.of(b) for b in read_heartbeats(state_dir, lease, now=now)]
+
+
+def _nodes(config: Config) -> tuple[list[NodeStatus], str, str | None]:
+    """The nodes from the heartbeats where ``node.coordination`` keeps them, where that is, and
+    why they could not be read (None when they were)."""
+    coordination = open_coordination(config, open_transport)
+    try:
+        return [NodeStatus.of(b) for b in coordination.heartbeats()], coordination.where, None
+    except FtpbcError as exc:
+        return [], coordination.where, f"{type(exc).__name__}: {exc}"
+    finally:
+        coordination.close()
+
+
+def attribute_served(nodes: list[NodeStatus], endpoints: list[EndpointStatus]) -> None:
+    """Fill each node's ``served_last_minute`` from the endpoints' archive stamps."""
+    by_id = {n.id: n for n in nodes}
+    for ep in endpoints:
+        for node_id, count in ep.served_last_minute.items():
+            if node_id in by_id:
+                by_id[node_id].served_last_minute[ep.name] = count
 
 
 def _files(transport: Transport, path: str) -> list[Entry]:
@@ -113,9 +136,11 @@ def endpoint_status(name: str, config: Config, transport: Transport, *,
             entries = [e for e in entries if not e.name.endswith(REASON_SUFFIX)]
             status.depth[directory] = len(entries)
             if directory in WAITING:
-                times = [e.mtime for e in entries if e.mtime is not None]
-                if times:
-                    status.oldest_age[directory] = round(max((now - min(times)).total_seconds(), 0.0), 3)
+                timed = [(e.mtime, e.name) for e in entries if e.mtime is not None]
+                if timed:
+                    oldest, oldest_name = min(timed)
+                    status.oldest_age[directory] = round(max((now - oldest).total_seconds(), 0.0), 3)
+                    status.oldest_name[directory] = oldest_name
             if directory == "inarchive":
                 for e in entries:
                     _, node, when = parse_archive_name(e.name)
@@ -141,21 +166,32 @@ def cluster_status(config: Config) -> ClusterStatus:
     finally:
         for t in transports.values():
             t.close()
-    state_dir = Path(config.node.state_dir)
-    return ClusterStatus(str(state_dir), config.node.lease, datetime.now(UTC).isoformat(timespec="seconds"),
-                         node_statuses(state_dir, config.node.lease), endpoints)
+    nodes, where, nodes_error = _nodes(config)
+    attribute_served(nodes, endpoints)
+    return ClusterStatus(str(config.node.state_dir), config.node.lease,
+                         datetime.now(UTC).isoformat(timespec="seconds"), nodes, endpoints,
+                         coordination=where, nodes_error=nodes_error)
 
 
 def render(status: ClusterStatus) -> str:
     """The text ``ftpbc status`` prints."""
-    lines = [f"nodes (heartbeats in {status.state_dir}, lease {status.lease:g} s) at {status.time}"]
-    if not status.nodes:
+    lines = [f"nodes (heartbeats in {status.coordination or 'state_dir ' + status.state_dir}, "
+             f"lease {status.lease:g} s) at {status.time}"]
+    if status.nodes_error:
+        lines.append(f"  cannot read heartbeats: {status.nodes_error}")
+    elif not status.nodes:
         lines.append("  none")
     for n in status.nodes:
         where = " ".join(x for x in (f"pid {n.pid}" if n.pid else "",
                                      f"host {n.host}" if n.host else "") if x)
         lines.append(f"  {n.id:<24} {'alive' if n.alive else 'DEAD':<6} heartbeat {n.heartbeat_age:.1f} s ago"
                      f"{'  ' + where if where else ''}")
+        if n.serves is not None:
+            served = [*n.serves.get("endpoints", []),
+                      *(f"transfer {t}" for t in n.serves.get("transfers", []))]
+            per_minute = ", ".join(f"{ep} {count}" for ep, count in sorted(n.served_last_minute.items()))
+            lines.append(f"    serves {', '.join(served) or 'nothing'}; served in the last minute: "
+                         f"{sum(n.served_last_minute.values())}" + (f" ({per_minute})" if per_minute else ""))
     for ep in status.endpoints:
         lines.append(f"endpoint {ep.name} ({ep.server}:{ep.repository})")
         if ep.error:
@@ -168,7 +204,8 @@ def render(status: ClusterStatus) -> str:
                 count = ep.depth.get(d, 0)
                 if count or kind in ("box", "select", "error"):
                     oldest = ep.oldest_age.get(d)
-                    cells.append(f"{d} {count}" + (f" (oldest {oldest:.1f} s)" if oldest is not None else ""))
+                    cells.append(f"{d} {count}" + (f" (oldest {oldest:.1f} s: {ep.oldest_name[d]})"
+                                                   if oldest is not None and d in ep.oldest_name else ""))
             lines.append("  " + "  ".join(cells))
         per_node = ", ".join(f"{node} {count}" for node, count in sorted(ep.served_last_minute.items()))
         lines.append(f"  served in the last minute: {ep.served_total}"

@@ -37,7 +37,12 @@ Guarantees:
 * idle sessions are reused last-in first-out, so a burst's surplus sessions age and the
   health check weeds them out;
 * a server that limits sessions per client (:class:`~ftpbc.errors.SessionLimit`) shrinks the pool
-  to what it allows: operations then wait for a session instead of failing.
+  to what it allows: operations then wait for a session instead of failing;
+* an outage of a server this pool had reached is logged twice, whatever the number of threads
+  and retries: its first failed connect at once (WARNING), and the connect that ends it
+  ("reconnected after N s", WARNING too, so that whoever saw the first line sees the second).
+  A server never reached is not logged here: the caller reports that error (a command's one
+  line, a node's start-up that waits for its servers).
 
 Not guaranteed: the pool does not retry *operations*; that is the transport's decision, because
 only it knows which operations are safe to repeat.
@@ -107,6 +112,9 @@ class Pool(Generic[S]):
         self._closed = False
         #: sessions opened so far (for tests and metrics)
         self.connects = 0
+        #: monotonic time of the first failed connect of the current outage (None: no outage)
+        self._down_since: float | None = None
+        self._failed_connects = 0
         _POOLS.add(self)
 
     # ------------------------------------------------------------------ public API
@@ -236,7 +244,7 @@ class Pool(Generic[S]):
     def _open(self, deadline: float) -> S:
         remaining = max(deadline - time.monotonic(), 0.001)
         if not self._dropped:
-            s = self._connect(remaining)
+            s = self._connect_once(remaining)
         else:
             # After a drop the server may be restarting: back off and retry until the deadline.
             retrying = Retrying(
@@ -245,9 +253,38 @@ class Pool(Generic[S]):
                 wait=wait_exponential(multiplier=0.05, max=2.0),
                 reraise=True,
             )
-            s = retrying(lambda: self._connect(max(deadline - time.monotonic(), 0.001)))
+            s = retrying(lambda: self._connect_once(max(deadline - time.monotonic(), 0.001)))
         self._dropped = False
         self.connects += 1
+        return s
+
+    def _connect_once(self, timeout: float) -> S:
+        """One connect, logging where an outage begins and where it ends (once each)."""
+        try:
+            s = self._connect(timeout)
+        except SessionLimit:
+            raise  # the server is up and answering: not an outage
+        except TransportError as exc:
+            if not self.connects:
+                raise  # never reached: the caller's error to report (see the module docstring)
+            with self._lock:
+                self._failed_connects += 1
+                first = self._down_since is None
+                if first:
+                    self._down_since = time.monotonic()
+            if first:
+                log.warning("%s: cannot connect: %s (next failures not logged until it reconnects)",
+                            self.server, exc)
+            else:
+                log.debug("%s: cannot connect again: %s", self.server, exc)
+            raise
+        if self._down_since is not None:  # unlocked peek: the common case costs nothing
+            with self._lock:
+                since, failures = self._down_since, self._failed_connects
+                self._down_since, self._failed_connects = None, 0
+            if since is not None:
+                log.warning("%s: reconnected after %.1f s (%d failed connect(s))", self.server,
+                            time.monotonic() - since, failures)
         return s
 
     def _safe_close(self, s: S) -> None:
