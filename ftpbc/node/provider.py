@@ -292,6 +292,8 @@ class Provider(Poller):
         #: when the listing behind the backlog was made (time.monotonic), and how long it took
         self._listed_at = 0.0
         self._listing_seconds = 0.0
+        #: the longest listing of the box so far (seconds): bounds how stale a backlog can get
+        self.longest_listing = 0.0
         #: messages this node found expired and filed, never delivered
         self.expired = 0
         lifecycle.observer = self._observer
@@ -344,6 +346,7 @@ class Provider(Poller):
                 self._backlog = deque(lc.waiting())
                 self._listed_at = time.monotonic()
                 self._listing_seconds = self._listed_at - started
+                self.longest_listing = max(self.longest_listing, self._listing_seconds)
                 self.observer.listed(c.mtime for c in self._backlog)
                 listed = True
                 self._expire_found(free)
