@@ -65,8 +65,13 @@ def fill_inbox(target: Target, count: int, size: int, prefix: str = "msg.") -> l
 
 
 def config(target: Target, workdir: str, node_id: str, endpoints: dict[str, dict[str, Any]], *,
-           durable: bool = True, pool_size: int = 4) -> Any:
-    """An in-process ftpbc Config for ``target``; every endpoint lives under REPOSITORY."""
+           durable: bool = True, pool_size: int = 4, coordination: str = "state_dir") -> Any:
+    """An in-process ftpbc Config for ``target``; every endpoint lives under REPOSITORY.
+
+    ``coordination: server`` keeps locks, heartbeats and sequences in the default
+    ``/.ftpbc-cluster`` under the target's base, a fresh directory per run like the exchange area;
+    ``state_dir`` (the default) in ``workdir/state``, which the run's nodes and client share.
+    """
     from ftpbc.config.models import Config
 
     if target["kind"] == "file":
@@ -80,7 +85,7 @@ def config(target: Target, workdir: str, node_id: str, endpoints: dict[str, dict
         srv = server_config(target, pool_size=pool_size)
     return Config.model_validate({
         "node": {"id": node_id, "state_dir": f"{workdir}/state", "journal_dir": f"{workdir}/journals",
-                 "durable_journal": durable},
+                 "durable_journal": durable, "coordination": coordination},
         "servers": {"srv": srv},
         "endpoints": {name: {"server": "srv", "repository": ep.pop("repository", REPOSITORY), **ep}
                       for name, ep in ((n, dict(e)) for n, e in endpoints.items())},

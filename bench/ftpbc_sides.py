@@ -55,7 +55,8 @@ def _node_main(spec: dict[str, Any], node_id: str, endpoints: dict[str, Any], mo
         return body
 
     cfg = config(spec["target"], spec["workdir"], node_id, endpoints,
-                 durable=spec["params"].get("durable", True))
+                 durable=spec["params"].get("durable", True),
+                 coordination=spec["params"].get("coordination", "state_dir"))
     node = Node(cfg, handlers={name: handle for name in endpoints})
     with ready.get_lock():
         ready.value += 1
@@ -144,7 +145,10 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def reqresp(spec: dict[str, Any]) -> dict[str, Any]:
-    """``clients`` threads making requests to ``nodes`` echo nodes for ``seconds``; or latencies."""
+    """``clients`` threads making requests to ``nodes`` echo nodes for ``seconds``; or latencies.
+
+    ``coordination`` (``state_dir`` by default, or ``server``) applies to the nodes and the client.
+    """
     from ftpbc.client import Client
 
     p = spec["params"]
@@ -157,7 +161,8 @@ def reqresp(spec: dict[str, Any]) -> dict[str, Any]:
     lock = threading.Lock()
     try:
         nodes.go()
-        cfg = config(spec["target"], spec["workdir"], "client", eps)
+        cfg = config(spec["target"], spec["workdir"], "client", eps,
+                     coordination=p.get("coordination", "state_dir"))
         # As many server sessions as the floor's client: one per client thread plus its
         # response lister's.
         with Client(cfg, connections=p["clients"] + 1) as client:
@@ -177,11 +182,13 @@ def reqresp(spec: dict[str, Any]) -> dict[str, Any]:
 
             threads = [threading.Thread(target=loop) for _ in range(p["clients"])]
             elapsed = measure(threads, measuring, done, stop_at, p)
+            # Recorded so bench.json shows which coordination a run really had.
+            where = client.runtime.coordination.where
     finally:
         nodes.finish()
     ms = [x * 1000 for x in latencies]
     return {"rate": done[0] / elapsed, "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99),
-            "requests": done[0]}
+            "requests": done[0], "coordination": where}
 
 
 def idle(spec: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run one side of one benchmark in a process of its own; the runner (bench/run.py) calls this.
 
-Reads ``{"side": "ftpbc"|"floor"|"kombu", "case": ..., "target": {...}, "workdir": ...,
+Reads ``{"side": "ftpbc"|"floor"|"kombu"|"state_dir", "case": ..., "target": {...}, "workdir": ...,
 "params": {...}}`` as JSON on stdin and prints the figures as one JSON line on stdout.  A process
 per run keeps runs independent: no connection, thread, page of memory or GIL contention is
 carried from one side to the other, and ``ru_maxrss`` is this run's own peak.
@@ -23,7 +23,9 @@ def main() -> None:
     # a stall says where it is instead of only costing its timeout.
     faulthandler.dump_traceback_later(float(os.environ.get("FTPBC_BENCH_STACKS_AFTER", "120")), exit=False)
     spec = json.load(sys.stdin)
-    if spec["side"] == "ftpbc":
+    # "state_dir" is ftpbc itself as the peer (coordination: server against state_dir): the
+    # same functions, only the parameters differ.
+    if spec["side"] in ("ftpbc", "state_dir"):
         import ftpbc_sides as module
     elif spec["side"] == "kombu":
         from floor import kombu_fs as module  # type: ignore[no-redef]

@@ -1,6 +1,7 @@
 """Crash-safety harness: an instrumented handler, node processes, a nemesis and a checker.
 
-Shared by ``tests/test_recovery.py``, ``tests/test_sweeper.py``, ``tests/test_chaos.py`` and
+Shared by ``tests/test_recovery.py``, ``tests/test_sweeper.py``, ``tests/test_chaos.py``,
+``tests/test_hosts.py`` (nodes on hosts of their own: :class:`NodeHost`) and
 ``bench/soak_chaos.py``.  Nodes run as real ``ftpbc serve`` subprocesses (so a SIGKILL is a real
 crash) with :func:`handler` as their handler; clients are :class:`ftpbc.client.Client` objects.
 
@@ -138,8 +139,33 @@ def read_invocations(logs: list[Path]) -> Invocations:
 # ---------------------------------------------------------------------- configuration
 
 @dataclass
+class NodeHost:
+    """A node on a host of its own (tests/hosts.py): its own config, whose ``state_dir`` and
+    ``journal_dir`` no other process uses, and the command prefix that runs a process there."""
+
+    workdir: Path
+    prefix: list[str]
+
+    @property
+    def config(self) -> Path:
+        return self.workdir / "ftpbc.yaml"
+
+    @property
+    def journal_dir(self) -> Path:
+        return self.workdir / "journals"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.workdir / "state"
+
+
+@dataclass
 class Cluster:
-    """Files of one test cluster: its config, journals, state and logs, all under ``workdir``."""
+    """Files of one test cluster: its config, journals, state and logs, all under ``workdir``.
+
+    ``hosts`` maps a node id to its :class:`NodeHost`; every other process (the clients, nodes
+    without one) shares ``config``, ``journal_dir`` and ``state_dir`` as processes of one host.
+    """
 
     workdir: Path
     url: str
@@ -147,6 +173,7 @@ class Cluster:
     options: dict[str, Any]
     repository: str
     server_root: Path
+    hosts: dict[str, NodeHost] = field(default_factory=dict)
 
     @property
     def config(self) -> Path:
@@ -156,13 +183,16 @@ class Cluster:
         """For handing the cluster to a child process (:meth:`from_json`)."""
         return json.dumps({"workdir": str(self.workdir), "url": self.url, "password": self.password,
                            "options": {k: str(v) for k, v in self.options.items()},
-                           "repository": self.repository, "server_root": str(self.server_root)})
+                           "repository": self.repository, "server_root": str(self.server_root),
+                           "hosts": {n: {"workdir": str(h.workdir), "prefix": h.prefix}
+                                     for n, h in self.hosts.items()}})
 
     @classmethod
     def from_json(cls, text: str) -> Cluster:
         d = json.loads(text)
+        hosts = {n: NodeHost(Path(h["workdir"]), h["prefix"]) for n, h in d.get("hosts", {}).items()}
         return cls(Path(d["workdir"]), d["url"], d["password"], d["options"], d["repository"],
-                   Path(d["server_root"]))
+                   Path(d["server_root"]), hosts)
 
     @property
     def journal_dir(self) -> Path:
@@ -171,6 +201,19 @@ class Cluster:
     @property
     def state_dir(self) -> Path:
         return self.workdir / "state"
+
+    def config_for(self, node_id: str | None) -> Path:
+        """The config ``node_id`` runs with: its host's, else the shared one."""
+        host = self.hosts.get(node_id or "")
+        return host.config if host else self.config
+
+    def prefix_for(self, node_id: str | None) -> list[str]:
+        """What runs a command on ``node_id``'s host (nothing: this host)."""
+        host = self.hosts.get(node_id or "")
+        return list(host.prefix) if host else []
+
+    def journal_dirs(self) -> list[Path]:
+        return [self.journal_dir, *(h.journal_dir for h in self.hosts.values())]
 
     def handler_log(self, node_id: str) -> Path:
         return self.workdir / f"handler-{node_id}.log"
@@ -204,34 +247,39 @@ class Cluster:
         return {d: names for d in TRANSIENT if (names := self.files(d))}
 
     def pending(self) -> dict[str, dict[str, list[str]]]:
-        """Pending journal operations of every node id that has a journal directory."""
+        """Pending journal operations of every node id that has a journal directory (any host)."""
         out: dict[str, dict[str, list[str]]] = {}
-        if not self.journal_dir.is_dir():
-            return out
-        for node_dir in sorted(p for p in self.journal_dir.iterdir() if p.is_dir()):
-            j = Journal(self.journal_dir, node_dir.name)
-            try:
-                ops = {ep: [f"{o.op_id} {'>'.join(o.events)}" for o in pend]
-                       for ep, pend in j.all_pending().items()}
-            finally:
-                j.close()
-            if ops:
-                out[node_dir.name] = ops
+        for journal_dir in self.journal_dirs():
+            if not journal_dir.is_dir():
+                continue
+            for node_dir in sorted(p for p in journal_dir.iterdir() if p.is_dir()):
+                j = Journal(journal_dir, node_dir.name)
+                try:
+                    ops = {ep: [f"{o.op_id} {'>'.join(o.events)}" for o in pend]
+                           for ep, pend in j.all_pending().items()}
+                finally:
+                    j.close()
+                if ops:
+                    out[node_dir.name] = ops
         return out
 
     def nonempty_journal_files(self) -> list[str]:
-        if not self.journal_dir.is_dir():
-            return []
-        return sorted(str(p.relative_to(self.journal_dir)) for p in self.journal_dir.glob("*/*.journal")
-                      if p.stat().st_size > 0)
+        return sorted(str(p.relative_to(self.workdir)) for d in self.journal_dirs() if d.is_dir()
+                      for p in d.glob("*/*.journal") if p.stat().st_size > 0)
 
 
 def make_cluster(workdir: Path, *, url: str, password: str | None, options: dict[str, Any],
                  repository: str, server_root: Path, lease: float = 20.0, heartbeat: float = 1.0,
                  workers: int = 4, poll_interval: float = 0.05, durable: bool = True,
                  uncollected_after: float = 3600.0, timeout: float = 60.0,
-                 drain_timeout: float = 10.0) -> Cluster:
+                 drain_timeout: float = 10.0, node: dict[str, Any] | None = None,
+                 hosts: dict[str, list[str]] | None = None) -> Cluster:
     """Write ``workdir/ftpbc.yaml`` for one echo endpoint served by :func:`handler`.
+
+    ``node`` adds keys to every config's ``node:`` (e.g. ``coordination: server``).  ``hosts``
+    maps node ids to the command prefix of their own host (tests/hosts.py): each such node gets
+    ``workdir/hosts/<id>/ftpbc.yaml``, the same but for its private ``state_dir`` and
+    ``journal_dir`` beside it, as a separate machine would have.
 
     The lease outlasts the slowest restart of a killed node (seconds, on a loaded 2-core CI box):
     the nemesis restarts every node it kills, so each node recovers its own claims, and a
@@ -244,17 +292,26 @@ def make_cluster(workdir: Path, *, url: str, password: str | None, options: dict
                                              for k, v in options.items()}}
     if password is not None:
         server["password_env"] = PASSWORD_ENV
-    doc = {
-        "node": {"state_dir": str(workdir / "state"), "journal_dir": str(workdir / "journals"),
-                 "heartbeat_interval": heartbeat, "lease": lease, "durable_journal": durable},
-        "servers": {"s": server},
-        "endpoints": {ENDPOINT: {"server": "s", "repository": repository, "handler": HANDLER,
-                                 "poll_interval": poll_interval, "workers": workers,
-                                 "timeout": timeout, "drain_timeout": drain_timeout,
-                                 "uncollected_after": uncollected_after}},
-    }
-    cluster = Cluster(workdir, url, password, options, repository, server_root)
-    cluster.config.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def write(config: Path, base: Path) -> None:
+        doc = {
+            "node": {"state_dir": str(base / "state"), "journal_dir": str(base / "journals"),
+                     "heartbeat_interval": heartbeat, "lease": lease, "durable_journal": durable,
+                     **(node or {})},
+            "servers": {"s": server},
+            "endpoints": {ENDPOINT: {"server": "s", "repository": repository, "handler": HANDLER,
+                                     "poll_interval": poll_interval, "workers": workers,
+                                     "timeout": timeout, "drain_timeout": drain_timeout,
+                                     "uncollected_after": uncollected_after}},
+        }
+        config.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    node_hosts = {n: NodeHost(workdir / "hosts" / n, list(prefix)) for n, prefix in (hosts or {}).items()}
+    cluster = Cluster(workdir, url, password, options, repository, server_root, node_hosts)
+    write(cluster.config, workdir)
+    for h in node_hosts.values():
+        h.workdir.mkdir(parents=True, exist_ok=True)
+        write(h.config, h.workdir)
     return cluster
 
 
@@ -295,8 +352,8 @@ FTPBC = [sys.executable, "-c", "from ftpbc.cli import main; main()"]
 
 def run_cli(cluster: Cluster, *args: str, node_id: str | None = None, crash_at: str | None = None,
             timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run ``ftpbc <args> -c <config>`` (with ``--node-id``) to completion."""
-    cmd = [*FTPBC, *args, "-c", str(cluster.config)]
+    """Run ``ftpbc <args> -c <config>`` (with ``--node-id``) to completion, on the node's host."""
+    cmd = [*cluster.prefix_for(node_id), *FTPBC, *args, "-c", str(cluster.config_for(node_id))]
     if node_id:
         cmd += ["--node-id", node_id]
     return subprocess.run(cmd, cwd=REPO, env=cluster.env(node_id, crash_at), capture_output=True,
@@ -319,7 +376,9 @@ class NodeProcess:
     def start(self, crash_at: str | None = None, **env: str) -> None:
         with open(self.log, "ab") as log:
             self._log_offset = log.tell()
-            self.proc = subprocess.Popen([*FTPBC, "serve", "-c", str(self.cluster.config), "--node-id",
+            # The prefix execs (tests/hosts.py), so proc.pid is the node's own: a kill is a crash.
+            self.proc = subprocess.Popen([*self.cluster.prefix_for(self.node_id), *FTPBC, "serve", "-c",
+                                          str(self.cluster.config_for(self.node_id)), "--node-id",
                                           self.node_id], cwd=REPO, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=log,
                                          env=self.cluster.env(self.node_id, crash_at,

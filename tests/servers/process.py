@@ -22,8 +22,8 @@ from tests.support import IN_CI, wait_until
 
 
 def accepts(proc: subprocess.Popen[bytes], port: int, name: str, log: Path, *,
-            read_banner: bool = False) -> bool:
-    """True once 127.0.0.1:``port`` accepts a connection; fail the test if the server died.
+            read_banner: bool = False, host: str = "127.0.0.1") -> bool:
+    """True once ``host``:``port`` accepts a connection; fail the test if the server died.
 
     ``read_banner`` reads the greeting first, so the probe ends as a clean session rather than
     an error in the server's log (vsftpd).
@@ -31,7 +31,7 @@ def accepts(proc: subprocess.Popen[bytes], port: int, name: str, log: Path, *,
     if proc.poll() is not None:
         pytest.fail(f"{name} exited with {proc.returncode}: {log.read_text()[-2000:]}")
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+        with socket.create_connection((host, port), timeout=1) as s:
             if read_banner:
                 s.recv(100)
             return True

@@ -24,7 +24,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,16 +53,18 @@ class VsftpdProcess:
     port: int
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    #: the configured listen_address (tests/hosts.py: the server host's namespace address)
+    address: str = "127.0.0.1"
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([self.binary, str(self.config)], stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=log)
-        wait_until(self._listening, timeout=10, what=f"vsftpd on 127.0.0.1:{self.port} ({self.log})")
+        wait_until(self._listening, timeout=10, what=f"vsftpd on {self.address}:{self.port} ({self.log})")
 
     def _listening(self) -> bool:
         assert self.proc is not None
-        return accepts(self.proc, self.port, "vsftpd", self.log, read_banner=True)
+        return accepts(self.proc, self.port, "vsftpd", self.log, read_banner=True, host=self.address)
 
     def drop_connections(self) -> None:
         """Kill every per-session vsftpd process (children of the listener)."""
@@ -87,11 +89,11 @@ class VsftpdProcess:
         self.start()
 
 
-def _config(root: Path, workdir: Path, port: int, pam_service: str) -> str:
+def _config(root: Path, workdir: Path, port: int, pam_service: str, address: str = "127.0.0.1") -> str:
     settings = {
         "listen": "YES",
         "listen_ipv6": "NO",
-        "listen_address": "127.0.0.1",
+        "listen_address": address,
         "listen_port": str(port),
         "background": "NO",
         "anonymous_enable": "NO",
@@ -164,10 +166,13 @@ class VsftpdInstance:
 
 @contextmanager
 def running_vsftpd(binary: str, workdir: Path, *, label: str = "test",
-                   process_class: type[VsftpdProcess] = VsftpdProcess) -> Iterator[VsftpdInstance]:
-    """A real vsftpd on a free loopback port, with its own login user, PAM service and root.
+                   process_class: Callable[..., VsftpdProcess] = VsftpdProcess,
+                   address: str = "127.0.0.1") -> Iterator[VsftpdInstance]:
+    """A real vsftpd on a free port of ``address`` (loopback), with its own login user, PAM service
+    and root.
 
-    Used by the fixture and by the benchmarks; needs root.  Everything it creates (user, PAM
+    Used by the fixture, by the benchmarks and by tests/hosts.py (``address`` in a network
+    namespace, started there by its ``process_class``); needs root.  Everything it creates (user, PAM
     file, root directory) is removed on exit.
     """
     suffix = f"{label}-{secrets.token_hex(3)}"
@@ -196,8 +201,9 @@ def running_vsftpd(binary: str, workdir: Path, *, label: str = "test",
 
         port = free_port()
         config = workdir / "vsftpd.conf"
-        config.write_text(_config(root, workdir, port, pam_file.name))
-        server = process_class(binary=binary, config=config, port=port, log=workdir / "stderr.log")
+        config.write_text(_config(root, workdir, port, pam_file.name, address))
+        server = process_class(binary=binary, config=config, port=port, log=workdir / "stderr.log",
+                               address=address)
         server.start()
         yield VsftpdInstance(server, user, password, root)
     finally:
