@@ -84,7 +84,7 @@ def test_higher_priorities_are_served_first(server: ServerHandle, tmp_path: Path
 
 def test_a_new_priority_9_message_is_not_starved_by_a_remembered_backlog(
         pyftpdlib_server: ServerHandle, tmp_path: Path, things: list[Any]) -> None:
-    """2,000 priority-4 messages wait; the node lists them once and remembers them.  A priority-9
+    """10,000 priority-4 messages wait; the node lists them once and remembers them.  A priority-9
     message sent once the node is well into that backlog is claimed at the first listing after
     the backlog is a poll_interval old.  Handlers take PACE seconds each on WORKERS workers, so
     within two poll intervals the node serves at most 2 x POLL x WORKERS / PACE messages: that,
@@ -99,7 +99,7 @@ def test_a_new_priority_9_message_is_not_starved_by_a_remembered_backlog(
     things.append(client)
     client.runtime.lifecycle("ep")
     inbox = handle.local(f"{base}/ep/inbox")
-    for i in range(2000):
+    for i in range(10_000):
         _drop(inbox, f"msg.{uuid.uuid4()}", 1_700_000_000 + i)
     order = Order(pace=pace)
     node = Node(in_process_config(handle, tmp_path, "prov", endpoints), handlers={"ep": order.handler})
