@@ -33,10 +33,13 @@ class Order:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.messages: list[Message] = []
+        self.bodies: list[bytes] = []
 
     def handler(self, message: Message) -> None:
+        body = message.body  # the spool is only there during the call
         with self.lock:
             self.messages.append(message)
+            self.bodies.append(body)
 
     def count(self) -> int:
         with self.lock:
@@ -46,11 +49,13 @@ class Order:
 def _drop(handle: ServerHandle, repo: str, name: str, body: bytes) -> None:
     """Upload ``body`` to ``<repo>/instage/<name>`` and rename it into the inbox, as any careful
     producer does, with nothing but the protocol's own client library."""
-    stage, target = f"{repo}/instage/{name}", f"{repo}/inbox/{name}"
     cfg = handle.config()
+    # Remote paths below the URL's base directory, as a partner configured with that URL sees them.
+    remote = cfg.base.rstrip("/") + repo
+    stage, target = f"{remote}/instage/{name}", f"{remote}/inbox/{name}"
     if handle.kind == "local":
-        handle.local(stage).write_bytes(body)
-        os.rename(handle.local(stage), handle.local(target))
+        handle.local(f"{repo}/instage/{name}").write_bytes(body)
+        os.rename(handle.local(f"{repo}/instage/{name}"), handle.local(f"{repo}/inbox/{name}"))
     elif handle.kind == "sshd":
         transport = paramiko.Transport((cfg.host, cfg.port))
         try:
@@ -115,8 +120,8 @@ def test_priority_and_properties_set_by_a_foreign_producer_through_the_name(
     node.start()
     wait_until(lambda: order.count() == 2, timeout=30, what="both messages to be served")
 
+    assert order.bodies == [b"urgent", b"routine"]  # priority before arrival
     first, second = order.messages
-    assert first.body == b"urgent" and second.body == b"routine"  # priority before arrival
     assert first.headers is not None and second.headers is not None
     assert (first.headers.id, first.headers.priority, first.headers.correlation_id) == (
         str(urgent), 9, "order 42")
