@@ -51,13 +51,15 @@ def prepare_area(target: Target) -> None:
         local.chmod(0o777)
 
 
-def fill_inbox(target: Target, count: int, size: int, prefix: str = "msg.") -> list[str]:
-    """Write ``count`` messages straight into the inbox on the server's disk (untimed set-up)."""
+def fill_inbox(target: Target, count: int, size: int, prefix: str = "msg.",
+               suffix: Callable[[], str] = str) -> list[str]:
+    """Write ``count`` messages straight into the inbox on the server's disk (untimed set-up);
+    ``suffix()`` ends each name (header fields such as ``;p=9``; none by default)."""
     inbox = Path(target["root"]) / rel(area().dir("in", "box"))
     body = os.urandom(size)
     names = []
     for _ in range(count):
-        name = f"{prefix}{uuid.uuid4()}"
+        name = f"{prefix}{uuid.uuid4()}{suffix()}"
         (inbox / name).write_bytes(body)
         names.append(name)
     # Older than "now": ftpbc takes the oldest first; give them distinct, past mtimes.

@@ -9,8 +9,11 @@ function here with bare ftplib/paramiko and the same concurrency.
 from __future__ import annotations
 
 import os
+import random
+import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +136,7 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
     """``nodes`` nodes consuming ``measure`` of ``backlog`` one-way messages already waiting."""
     p = spec["params"]
     prepare_area(spec["target"])
-    fill_inbox(spec["target"], p["backlog"], p["size"])
+    fill_inbox(spec["target"], p["backlog"], p["size"], suffix=_priorities(p))
     nodes = Nodes(spec, p.get("nodes", 1), _endpoint(spec), "noop")
     try:
         began = nodes.go()
@@ -142,6 +145,41 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
         stats = nodes.finish()
     return {"rate": count / elapsed, "consumed": count, "lost_races": sum(s["lost_races"] for s in stats),
             "polls": sum(s["polls"] for s in stats), "node_rss_mib": max(s["rss_mib"] for s in stats)}
+
+
+def _priorities(p: dict[str, Any]) -> Callable[[], str]:
+    """Name endings of a backlog: ``priorities: mixed`` a random priority 0-9 each (the
+    default, 4, written as no field at all, as a sender writes it), else none."""
+    if p.get("priorities") != "mixed":
+        return str
+    rng = random.Random(7)  # the same mix every run
+
+    def suffix() -> str:
+        priority = rng.randint(0, 9)
+        return "" if priority == 4 else f";p={priority}"
+    return suffix
+
+
+def browse(spec: dict[str, Any]) -> dict[str, Any]:
+    """One Client.browse of a backlog of ``backlog`` waiting messages (``mode: browse``), or the
+    bare listing of the same inbox through ftpbc's transport (``mode: list``, the peer: what a
+    browse adds is decoding, ordering and filtering the names).  ``seconds`` is the first call of
+    a fresh client (names not decoded yet); ``warm_s`` the median of the ``rounds`` after it."""
+    from ftpbc.client import Client
+
+    p = spec["params"]
+    prepare_area(spec["target"])
+    fill_inbox(spec["target"], p["backlog"], p["size"], suffix=_priorities(p))
+    timings, found = [], 0
+    with Client(config(spec["target"], spec["workdir"], "browser", _endpoint(spec))) as client:
+        lc = client.runtime.lifecycle(EP)
+        for _ in range(1 + p.get("rounds", 3)):
+            began = time.perf_counter()
+            found = len(client.browse(EP) if p["mode"] == "browse" else lc.transport.list(lc.layout.box))
+            timings.append(time.perf_counter() - began)
+    if found != p["backlog"]:
+        raise RuntimeError(f"{p['mode']} found {found} of {p['backlog']} messages")
+    return {"seconds": timings[0], "warm_s": statistics.median(timings[1:]), "found": found}
 
 
 def reqresp(spec: dict[str, Any]) -> dict[str, Any]:
@@ -288,5 +326,5 @@ def local_oneway(spec: dict[str, Any]) -> dict[str, Any]:
     return {"send_rate": p["count"] / send_s, "consume_rate": (p["count"] + 1) / recv_s}
 
 
-CASES = {"send": send, "consume": consume, "reqresp": reqresp, "idle": idle, "large": large,
+CASES = {"send": send, "consume": consume, "browse": browse, "reqresp": reqresp, "idle": idle, "large": large,
          "local_oneway": local_oneway}

@@ -114,6 +114,18 @@ def variants(quick: bool, repeats: int | None) -> list[Variant]:
                 {**backlog, "nodes": 4, "lock": "none"}, {**backlog, "nodes": 4}, ["rate", "lost_races"],
                 "ratio>=0.85", reps(1, 3)),
     ]
+    # Queue semantics (issue 11); ftpbc on both sides.  "priority": the same consume, only the
+    # backlog's names differ (a random priority 0-9 each, against all of the default one): what
+    # ordering by priority and cutting claim windows at a priority change cost.  "browse": one
+    # Client.browse of 10,000 waiting messages, against the bare listing it is built on.
+    p = {**one_kib, "backlog": 1000 if q else 3000, "measure": 1000 if q else 3000}
+    out.append(Variant("priority", "consume 1 KiB, priorities 0-9 vs all 4, 1 node, 5 workers (msgs/s)",
+                       "consume", {**p, "priorities": "mixed"}, p, ["rate"], "ratio>=0.9", reps(3, 5),
+                       peer="uniform"))
+    p = {**one_kib, "backlog": 10_000, "rounds": 3, "priorities": "mixed"}
+    out.append(Variant("browse", "browse 10,000 waiting, first call / warm (s) vs bare listing", "browse",
+                       {**p, "mode": "browse"}, {**p, "mode": "list"}, ["seconds", "warm_s"], "seconds<1.0",
+                       reps(3, 3), servers=("vsftpd",) if q else KINDS, peer="listing"))
     size = (256 if q else 1024) * MIB
     out.append(Variant("large", f"large message {size // MIB} MiB (MB/s; peak RSS MiB)", "large",
                        {"size": size}, {"size": size},
@@ -165,6 +177,10 @@ def verdict(v: Variant, ours: dict[str, float | None],
         return "n/a", None
     if v.target.startswith("report"):
         return f"{a / b:.2f}" if b else "n/a", None
+    if v.target.startswith("seconds<"):
+        # an absolute bound on ftpbc's figure; the peer's is context (how much of it is listing)
+        limit = float(v.target.split("<")[1])
+        return f"{a:.3f} s < {limit:g} s ({a / b:.1f}x the listing)" if b else f"{a:.3f} s", a < limit
     if v.target.startswith("p50<="):
         interval = float(v.target.split("+")[1])
         limit = b + interval + 5

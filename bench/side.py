@@ -23,9 +23,10 @@ def main() -> None:
     # a stall says where it is instead of only costing its timeout.
     faulthandler.dump_traceback_later(float(os.environ.get("FTPBC_BENCH_STACKS_AFTER", "120")), exit=False)
     spec = json.load(sys.stdin)
-    # "state_dir" is ftpbc itself as the peer (coordination: server against state_dir): the
+    # "state_dir", "uniform" and "listing" are ftpbc itself as the peer (coordination: server
+    # against state_dir, mixed priorities against one, a browse against a bare listing): the
     # same functions, only the parameters differ.
-    if spec["side"] in ("ftpbc", "state_dir"):
+    if spec["side"] in ("ftpbc", "state_dir", "uniform", "listing"):
         import ftpbc_sides as module
     elif spec["side"] == "kombu":
         from floor import kombu_fs as module  # type: ignore[no-redef]

@@ -5,6 +5,7 @@
         name = client.send("audit", b"...")          # one-way; returns the remote file name
         uid = client.submit("quote", b"GBPUSD")     # request now, collect later (any process)
         answer = client.collect("quote", uid, timeout=30)
+        m = client.receive("audit", timeout=10)      # pull a one-way message; m.ack() or m.nack()
 
 One response poller per endpoint serves every outstanding request of this process: one listing
 of ``outbox`` finds all the responses that have arrived, whatever the number of waiting threads.
@@ -25,7 +26,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import BinaryIO, Unpack
@@ -47,11 +48,15 @@ from ftpbc.errors import (
     UnsafeEntry,
 )
 from ftpbc.exchange.area import Direction, parse_archive_name
+from ftpbc.exchange.browse import Waiting, browse_box
+from ftpbc.exchange.consumer import AckMode, Consumer, Delivery, Receiver, as_selector
 from ftpbc.exchange.deadletter import DeadLetters
 from ftpbc.exchange.envelope import ERROR_TYPE, EXPIRED_TYPE
 from ftpbc.exchange.layout import AreaLayout, Candidate, PartnerLayout
 from ftpbc.exchange.lifecycle import Claimed, Lifecycle, op_id_for
 from ftpbc.exchange.runtime import MessageOptions, Runtime
+from ftpbc.exchange.selector import Selector, compile_selector
+from ftpbc.exchange.transaction import Transaction
 from ftpbc.faults import crash_point
 from ftpbc.metrics import NULL_CLIENT_OBSERVER, ClientMetrics, ClientObserver, HttpServer, serve_http
 
@@ -268,6 +273,8 @@ class Client:
         # journal (e.g. returns a claimed response to outbox, so collect() can find it).
         self.recovered = self.runtime.recover(orphans=False)
         self._pollers: dict[str, _ResponsePoller] = {}
+        #: pull consumers' side of each endpoint (receive, consume)
+        self._receivers: dict[str, Receiver] = {}
         self._lock = threading.Lock()
         #: (endpoint, uuid) of the requests submit() sent, for collect() to know them
         self._submitted = _Recent()
@@ -321,6 +328,11 @@ class Client:
         ``type``; priority and ttl default to the endpoint's.  ``endpoint`` may name a transfer:
         the file goes to its ``send_to`` (with its pre/post send commands) and the returned path
         is where it ended up; a transfer's names carry no options.
+
+        A bounded endpoint (``max_messages``, ``max_bytes``) whose inbox is full raises QueueFull
+        with nothing sent, or with ``on_overflow: dead_letter`` files the message in ``indead``
+        and returns that path (:meth:`request` and :meth:`submit` raise QueueFull once it is
+        filed: no reply can come).  See docs/queues.md, Bounded queues.
         """
         if endpoint in self.config.transfers:
             if options:
@@ -336,12 +348,20 @@ class Client:
 
     def submit(self, endpoint: str, body: bytes | str | BinaryIO, **options: Unpack[MessageOptions]) -> str:
         """Send a request without waiting; return its UUID for :meth:`collect` (options as
-        :meth:`send`)."""
+        :meth:`send`, and ``reply_to``: the endpoint whose outbox gets the response, to
+        collect there; docs/queues.md, Reply-to)."""
         name, uid = self.runtime.new_message(endpoint, "request", **options)
         self._send(endpoint, name, uid, body, "request")
-        self._submitted.add((endpoint, uid))
+        self._submitted.add((options.get("reply_to") or endpoint, uid))
         self._observer.sent(endpoint)
         return uid
+
+    def transaction(self) -> Transaction:
+        """Sends that become visible together: ``with client.transaction() as tx:
+        tx.send(...); tx.submit(...)``.  All of them once the block ends, none if it raises; a
+        process killed anywhere ends, after recovery of this identity, with all or none
+        (docs/queues.md, Transactions)."""
+        return Transaction(self.runtime, on_submit=lambda endpoint, uid: self._submitted.add((endpoint, uid)))
 
     def _send(self, endpoint: str, name: str, uid: str, body: bytes | str | BinaryIO, kind: str) -> str:
         lc = self.runtime.lifecycle(endpoint)
@@ -353,6 +373,15 @@ class Client:
         """The dead letters of ``endpoint``: list (with a selector), body, replay, purge
         (docs/queues.md)."""
         return DeadLetters(self.runtime.lifecycle(endpoint))
+
+    def browse(self, endpoint: str, selector: str | Selector | None = None, limit: int | None = None,
+               bodies: bool = False) -> list[Waiting]:
+        """The messages waiting in ``endpoint``'s inbox, in the order a serving node takes them
+        (higher priority first, then the oldest), without claiming, moving or changing any:
+        those ``selector`` selects (a JMS selector, docs/queues.md), at most ``limit``, each
+        with its body read when ``bodies`` (docs/queues.md, Browsing)."""
+        sel = compile_selector(selector) if isinstance(selector, str) else selector
+        return browse_box(self.runtime.lifecycle(endpoint), sel, limit=limit, bodies=bodies)
 
     def collect(self, endpoint: str, uuid: str, timeout: float | None = None, *,
                 request_name: str | None = None) -> bytes:
@@ -405,17 +434,26 @@ class Client:
         Ctrl-C, SIGTERM in ``ftpbc request``), is withdrawn from the inbox when no provider has
         claimed it yet.  One already claimed is served for nobody: its response is archived as
         uncollected, and its handler may have run (handlers must be idempotent).
+
+        With ``reply_to`` the response is awaited in that endpoint's outbox, and in this one's
+        too, where a node that cannot reach ``reply_to`` sends its error reply.
         """
         name, uid = self.runtime.new_message(endpoint, "request", **options)
-        poller = self._poller(endpoint)
+        reply_to = options.get("reply_to")
+        poller = self._poller(reply_to or endpoint)
         # Registered before sending, and this very future awaited: a reply delivered before this
         # thread gets to wait (a busy machine) completes it all the same.
         fut = poller.wait_for(uid)
+        home = self._poller(endpoint) if reply_to not in (None, endpoint) else None
+        if home is not None:
+            fut = _first_of(fut, home.wait_for(uid))
         started = time.monotonic()
         try:
             self._send(endpoint, name, uid, body, "request")
         except BaseException:
             poller.forget(uid)
+            if home is not None:
+                home.forget(uid)
             raise
         self._observer.sent(endpoint)
         try:
@@ -429,6 +467,9 @@ class Client:
             except (NotFound, TransportError):
                 pass
             raise
+        finally:
+            if home is not None:
+                home.forget(uid)  # the answer came to the other outbox, or none will
 
     def _poller(self, endpoint: str) -> _ResponsePoller:
         with self._lock:
@@ -439,12 +480,45 @@ class Client:
                 self._pollers[endpoint] = poller
             return poller
 
+    def receive(self, endpoint: str, timeout: float | None = None,
+                selector: str | Selector | None = None) -> Delivery | None:
+        """Take the next one-way message of ``endpoint`` (that ``selector`` selects), waiting up
+        to ``timeout`` seconds (default: the endpoint's); None if none came.
+
+        The message stays claimed by this client until ``delivery.ack()`` (archived, never
+        delivered again) or ``delivery.nack(requeue=True)`` (back with its delivery count
+        raised); one never settled goes back when the client closes, or after the lease if this
+        process dies.  Requests are not received (they are for handlers).  docs/queues.md, Pull
+        consumers and acknowledgement."""
+        limit = self.config.endpoint(endpoint).timeout if timeout is None else timeout
+        return self._receiver(endpoint).receive(limit, as_selector(selector))
+
+    def consume(self, endpoint: str, selector: str | Selector | None = None, ack: AckMode = "auto",
+                timeout: float | None = None) -> Consumer:
+        """``with client.consume(endpoint) as deliveries: for m in deliveries: ...``: the
+        one-way messages of ``endpoint`` one after the other, acknowledged as ``ack`` says
+        (``auto``, ``client``, ``dups_ok``: see :class:`~ftpbc.exchange.consumer.Consumer`).
+        Leaving the block returns the unacknowledged ones at once.  The loop ends once
+        ``timeout`` seconds pass without a message (None: it waits until the client closes)."""
+        return Consumer(self._receiver(endpoint), as_selector(selector), ack, timeout)
+
+    def _receiver(self, endpoint: str) -> Receiver:
+        with self._lock:
+            receiver = self._receivers.get(endpoint)
+            if receiver is None:
+                receiver = self._receivers[endpoint] = Receiver(self.runtime, endpoint)
+            return receiver
+
     def close(self) -> None:
         with self._lock:
             pollers = list(self._pollers.values())
             self._pollers.clear()
+            receivers = list(self._receivers.values())
+            self._receivers.clear()
         for p in pollers:
             p.close()
+        for r in receivers:
+            r.close()  # unsettled deliveries go back now, while the heartbeat still says we live
         self.runtime.heartbeat.stop()
         self.runtime.close()
         if self._metrics_http is not None:
@@ -459,6 +533,27 @@ def _settle(fut: Future[tuple[bytes, bool]], result: tuple[bytes, bool], endpoin
         fut.set_exception(RequestExpired(endpoint, uid, result[0].decode("utf-8", "replace").strip()))
     else:
         fut.set_result(result)
+
+
+def _first_of(*futures: Future[tuple[bytes, bool]]) -> Future[tuple[bytes, bool]]:
+    """A future settled as the first of ``futures`` to settle (cancelled when one is: a
+    closing poller)."""
+    first: Future[tuple[bytes, bool]] = Future()
+
+    def settle(f: Future[tuple[bytes, bool]]) -> None:
+        try:
+            if f.cancelled():
+                first.cancel()
+            elif (exc := f.exception()) is not None:
+                first.set_exception(exc)
+            else:
+                first.set_result(f.result())
+        except InvalidStateError:
+            pass  # another settled it first
+
+    for f in futures:
+        f.add_done_callback(settle)
+    return first
 
 
 def _since(started: float | None) -> float | None:

@@ -221,6 +221,30 @@ class RequestExpired(FtpbcError):
         super().__init__(f"endpoint {endpoint!r}: request {request} expired unserved: {reason}")
 
 
+class QueueFull(FtpbcError):
+    """A send found the endpoint's inbox at its bound (``max_messages`` or ``max_bytes``,
+    docs/queues.md).  With ``on_overflow: reject`` nothing was staged, journaled or sent; with
+    ``on_overflow: dead_letter`` a request was filed as a dead letter at ``filed`` instead (its
+    caller is told at once rather than left waiting for a reply that cannot come).
+    ``ftpbc send`` and ``ftpbc request`` exit 6."""
+
+    exit_code = 6
+
+    def __init__(self, endpoint: str, limit: str, bound: int, messages: int, waiting_bytes: int,
+                 size: int | None, *, filed: str | None = None) -> None:
+        self.endpoint = endpoint
+        self.limit = limit  # "max_messages" or "max_bytes"
+        self.bound = bound
+        self.messages = messages
+        self.waiting_bytes = waiting_bytes
+        self.size = size
+        self.filed = filed
+        this = f" and this message has {size} bytes" if limit == "max_bytes" and size is not None else ""
+        outcome = f"filed as a dead letter: {filed}" if filed else "the message was not sent"
+        super().__init__(f"endpoint {endpoint!r} is full: {messages} message(s) of {waiting_bytes} "
+                         f"bytes waiting, {limit} is {bound}{this}; {outcome}")
+
+
 class RemoteHandlerError(FtpbcError):
     """The provider's handler raised; ``reason`` is what it reported in the error reply."""
 

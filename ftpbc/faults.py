@@ -33,6 +33,10 @@ POINTS = (
     "recover.before-op", "recover.after-op",
     # ftpbc dlq replay: a dead letter back to its box
     "replay.after-intent", "replay.after-rename",
+    # a transaction (Client.transaction): each member staged, the commit record, the first exposed
+    "tx.after-stage", "tx.after-commit-record", "tx.after-first-expose",
+    # a pull consumer (Client.receive, consume, ftpbc receive): read, not yet handed over
+    "receive.after-read",
 )
 
 _targets: dict[str, int] = {}

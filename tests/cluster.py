@@ -137,3 +137,26 @@ class ServeCluster:
             if node.proc.poll() is None:
                 node.proc.kill()
                 node.proc.wait(timeout=10)
+
+
+class Started:
+    """In-process Nodes and Clients a test started, ended in reverse order when it ends (a Node
+    stopped, anything else closed), also when the test fails: ``with Started() as started``."""
+
+    def __init__(self) -> None:
+        self.things: list[Any] = []
+
+    def add(self, thing: Any) -> Any:
+        self.things.append(thing)
+        return thing
+
+    def __enter__(self) -> Started:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for thing in reversed(self.things):
+            if hasattr(thing, "stop"):
+                thing.stop(drain_timeout=5)
+            else:
+                thing.close()
+        self.things.clear()

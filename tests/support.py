@@ -97,3 +97,20 @@ def server_yaml(handle: ServerHandle, password_env: str, base: str = "") -> dict
         entry["password_env"] = password_env
     entry.update({k: str(v) if isinstance(v, Path) else v for k, v in handle.options.items()})
     return entry
+
+
+# --------------------------------------------------------------------------- an exchange area's files
+
+
+def area_files(handle: ServerHandle, repo: str, directory: str) -> list[str]:
+    """The names in ``<repo>/<directory>`` of ``handle``'s server, read from its local root, sorted."""
+    path = handle.local(f"{repo}/{directory}")
+    return sorted(p.name for p in path.iterdir()) if path.exists() else []
+
+
+def drop_message(handle: ServerHandle, repo: str, name: str, body: bytes) -> None:
+    """Put a message into ``<repo>/inbox`` as a foreign producer does: written to ``instage``
+    first, then renamed, so no consumer sees it partial.  The area must exist."""
+    staged = handle.local(f"{repo}/instage") / (name + "~test")
+    staged.write_bytes(body)
+    staged.rename(handle.local(f"{repo}/inbox") / name)

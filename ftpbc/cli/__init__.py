@@ -26,6 +26,8 @@ LAZY_COMMANDS: dict[str, str] = {
     "send": "ftpbc.cli.messaging:send",
     "check": "ftpbc.cli.check:check",
     "dlq": "ftpbc.cli.queues:dlq",
+    "receive": "ftpbc.cli.receive:receive",
+    "browse": "ftpbc.cli.queues:browse",
     "status": "ftpbc.cli.status:status",
     "demo": "ftpbc.cli.demo:demo",
     "ftpd": "ftpbc.cli.demo:ftpd",

@@ -10,7 +10,7 @@ import click
 
 from ftpbc.cli.common import F, config_option, load, node_id_option, read_body
 from ftpbc.cli.options import message_options, options_dict
-from ftpbc.errors import RequestExpired, RequestTimeout
+from ftpbc.errors import QueueFull, RequestExpired, RequestTimeout
 
 
 def _body_options(f: F) -> F:
@@ -35,7 +35,8 @@ def request(config_path: str, node_id: str | None, endpoint: str, data: str | No
     """Send a request to ENDPOINT and print the response body.
 
     Exits 3 when no response comes in time, 4 when the provider's handler failed, 5 when the
-    request expired (its ttl ran out) before a provider served it.
+    request expired (its ttl ran out) before a provider served it, 6 when the endpoint's queue
+    was full (max_messages, max_bytes): not sent, or filed as a dead letter (on_overflow).
     """
     from ftpbc.client import Client
     from ftpbc.errors import RemoteHandlerError
@@ -60,6 +61,9 @@ def request(config_path: str, node_id: str | None, endpoint: str, data: str | No
         except RequestExpired as exc:
             click.echo(f"ftpbc: expired: {exc}", err=True)
             raise SystemExit(5) from None
+        except QueueFull as exc:
+            click.echo(f"ftpbc: queue full: {exc}", err=True)
+            raise SystemExit(QueueFull.exit_code) from None
         except ValueError as exc:  # an option the endpoint cannot carry
             raise click.UsageError(str(exc)) from None
     sys.stdout.buffer.write(answer)
@@ -79,7 +83,12 @@ def request(config_path: str, node_id: str | None, endpoint: str, data: str | No
 def send(config_path: str, node_id: str | None, endpoint: str, data: str | None, file: str | None,
          stdin: str | None, priority: int | None, ttl: float | None, properties: tuple[str, ...],
          correlation_id: str | None, message_type: str | None) -> None:
-    """Send a one-way message to ENDPOINT (or a file to a transfer's send_to); print its remote path."""
+    """Send a one-way message to ENDPOINT (or a file to a transfer's send_to); print its remote path.
+
+    Exits 6 when the endpoint's queue is full (max_messages, max_bytes) and on_overflow is
+    reject: nothing was sent.  With on_overflow: dead_letter the message is filed in the
+    dead letters instead, and the path printed is there.
+    """
     from ftpbc.client import Client
 
     body = read_body(data, file, stdin == "-")
@@ -87,6 +96,9 @@ def send(config_path: str, node_id: str | None, endpoint: str, data: str | None,
     with Client.with_identity(load(config_path), node_id) as client:
         try:
             click.echo(client.send(endpoint, body, **options))
+        except QueueFull as exc:
+            click.echo(f"ftpbc: queue full: {exc}", err=True)
+            raise SystemExit(QueueFull.exit_code) from None
         except ValueError as exc:  # an option the endpoint cannot carry
             raise click.UsageError(str(exc)) from None
 

@@ -179,3 +179,47 @@ def dlq_purge(config_path: str, node_id: str | None, endpoint: str, selector: st
         click.echo(json.dumps({"purged": count, "files": [d.file for d in chosen]}, indent=2))
     else:
         click.echo(f"{count} dead letter(s) purged")
+
+
+# --------------------------------------------------------------------------- browse
+
+
+@click.command()
+@config_option
+@node_id_option
+@click.argument("endpoint")
+@_selector_option
+@click.option("--limit", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Show the first N messages (in delivery order) only.")
+@click.option("--bodies", is_flag=True, help="Read and show each message's body (one download each).")
+@_json_option
+def browse(config_path: str, node_id: str | None, endpoint: str, selector: str | None, limit: int | None,
+           bodies: bool, as_json: bool) -> None:
+    """List the messages waiting in ENDPOINT's inbox in delivery order (higher priority first, then
+    the oldest), without claiming, moving or changing any."""
+    from ftpbc.cli.logs import escape
+
+    sel = _selector(selector)
+    with _client(config_path, node_id) as client:
+        found = client.browse(endpoint, sel, limit=limit, bodies=bodies)
+    if as_json:
+        out = []
+        for w in found:
+            entry = w.as_json()
+            if bodies:
+                entry.update(_body_json(w.body) if w.body is not None else {"body": None})
+            out.append(entry)
+        click.echo(json.dumps(out, indent=2))
+        return
+    for w in found:
+        when = w.mtime.isoformat(timespec="seconds") if w.mtime else "?"
+        # Names and bodies are a producer's text: escaped, so no control character of theirs
+        # reaches the terminal (a \r or an escape sequence could forge or hide a line).
+        click.echo("\t".join(escape(f) for f in (w.id, when, f"{w.size} B", _headline(w.envelope))))
+        if bodies:
+            text = ("(not read: larger than max_message_bytes)" if w.body is None
+                    else w.body.decode("utf-8", "backslashreplace"))
+            for line in text.splitlines() or [""]:
+                click.echo("    " + escape(line))
+    click.echo(f"{len(found)} message(s) waiting in {endpoint}"
+               + (f" selected by {selector!r}" if selector is not None else ""), err=True)

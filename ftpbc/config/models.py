@@ -151,6 +151,12 @@ class EndpointConfig(_Frozen):
     expired: Literal["discard", "dead_letter"] = "discard"
     #: messages that exhausted max_deliveries go to indead (dead letters) instead of inerror
     dead_letter: bool = False
+    #: bounds of the inbox (none: unbounded): a send that finds this many messages waiting, or
+    #: whose body would take the waiting bytes past max_bytes, overflows (docs/queues.md)
+    max_messages: int | None = Field(default=None, ge=1)
+    max_bytes: int | None = Field(default=None, ge=1)
+    #: an overflowing send: reject (QueueFull, nothing sent) or dead_letter (filed in indead)
+    on_overflow: Literal["reject", "dead_letter"] = "reject"
     #: time zone of date letters in names (IANA name)
     timezone: str = "UTC"
     #: on shutdown, how long in-flight handlers may take before the node gives up on them
@@ -163,6 +169,25 @@ class EndpointConfig(_Frozen):
     #: bodies larger than this are refused at send (when their length is known) and, listed
     #: larger, filed in the error directory unread; a read stops past the listed size
     max_message_bytes: int = Field(default=1 << 30, ge=0)
+    #: a JMS message selector (docs/queues.md): a serving node claims only the messages it
+    #: selects; the others stay in the inbox for other consumers
+    selector: str | None = None
+
+    @field_validator("selector")
+    @classmethod
+    def _selector_syntax(cls, v: str | None) -> str | None:
+        # Compiled here so a bad selector is refused at load with its file, line and column,
+        # not by a node that starts serving.  The selector language is pure (it reads headers
+        # only when evaluating): see the one import exception in pyproject.toml.
+        from ftpbc.errors import SelectorError
+        from ftpbc.exchange.selector import compile_selector
+
+        if v is not None:
+            try:
+                compile_selector(v)
+            except SelectorError as exc:
+                raise ValueError(str(exc)) from None
+        return v
 
     @field_validator("repository")
     @classmethod

@@ -70,6 +70,20 @@ def envelope_json(env: Envelope | None) -> dict[str, Any]:
     return {"headers": headers, "properties": dict(env.properties)}
 
 
+def read_listed(lc: Lifecycle, path: str, size: int) -> bytes:
+    """The bytes of the file at ``path``, listed with ``size`` bytes, read no further than that
+    size plus a margin and never more than the endpoint's max_message_bytes (MessageTooLarge
+    unread if listed larger): the area is shared, so the file is untrusted."""
+    t = lc.transport
+    limit = lc.max_message_bytes
+    if size > limit:
+        raise MessageTooLarge(f"{t.server} {path}", size, limit)
+    bound = limit if size == UNKNOWN_SIZE else size + READ_MARGIN
+    buf = io.BytesIO()
+    t.get(path, BoundedSink(buf, bound, server=t.server, path=path, listed=f"{size} bytes").as_binary())
+    return buf.getvalue()
+
+
 class DeadLetters:
     """The dead letters of one endpoint (the inbound lifecycle of its exchange area)."""
 
@@ -130,17 +144,8 @@ class DeadLetters:
         return sorted(found.values(), key=lambda d: (d.filed_at is None, d.filed_at or datetime.min, d.file))
 
     def body(self, letter: DeadLetter) -> bytes:
-        """The letter's bytes, read no further than its listed size plus a margin and never
-        more than the endpoint's max_message_bytes (the area is shared: the file is untrusted)."""
-        t = self.lc.transport
-        limit = self.lc.max_message_bytes
-        if letter.size > limit:
-            raise MessageTooLarge(f"{t.server} {letter.path}", letter.size, limit)
-        bound = limit if letter.size == UNKNOWN_SIZE else letter.size + READ_MARGIN
-        buf = io.BytesIO()
-        t.get(letter.path, BoundedSink(buf, bound, server=t.server, path=letter.path,
-                                       listed=f"{letter.size} bytes").as_binary())
-        return buf.getvalue()
+        """The letter's bytes (see :func:`read_listed`)."""
+        return read_listed(self.lc, letter.path, letter.size)
 
     def replay_name(self, letter: DeadLetter) -> str:
         """The name a letter goes back under: its delivery count reset and its expiration

@@ -24,7 +24,7 @@ import posixpath
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
@@ -296,6 +296,10 @@ class Layout(ABC):
         goes; None: nowhere."""
         return None
 
+    def reply_refusal(self, c: Candidate) -> str | None:
+        """Why a result for ``c`` cannot go where ``c`` asks (its reply_to), None if it can."""
+        return None
+
     def with_delivery_count(self, c: Candidate, count: int) -> str:
         """``c``'s name with its delivery count set (the name it goes back to the box under)."""
         return c.name
@@ -311,8 +315,12 @@ class AreaLayout(Layout):
     files_only = True
 
     def __init__(self, endpoint: str, config: EndpointConfig, direction: Direction, *,
-                 area: ExchangeArea | None = None) -> None:
+                 area: ExchangeArea | None = None, peers: Mapping[str, EndpointConfig] | None = None) -> None:
         super().__init__()
+        #: the endpoints a request's reply_to may name (this node's configuration)
+        self.peers: Mapping[str, EndpointConfig] = peers or {}
+        self._reply_layouts: dict[str, AreaLayout] = {}
+        self._made: set[str] = set()
         self.key = endpoint
         self.display = endpoint
         self.config = config
@@ -360,11 +368,15 @@ class AreaLayout(Layout):
         """A file name for a message with these headers (``base``: the ftpbc codec's plain name)."""
         return check_name(self.codec.encode(base, headers, properties or {}))
 
-    def response_name(self, request: Envelope, node_id: str, *, error: bool, type: str | None = None) -> str:
+    def response_name(self, request: Envelope, node_id: str, *, error: bool, type: str | None = None,
+                      origin: str | None = None) -> str:
+        """``origin``: the endpoint the request went to, when the response goes to another
+        endpoint's outbox (reply_to); it travels as the response's reply_to header, which tells
+        that endpoint's sweeper the response is not one of its own requests'."""
         uid = request.headers.id
         rtype = type if type is not None else ERROR_TYPE if error else None
         headers = Headers(id=uid, kind="response", correlation_id=uid, type=rtype,
-                          priority=request.headers.priority)
+                          priority=request.headers.priority, reply_to=origin)
         base = f"{self.config.response_prefix}{uid}{ERROR_REPLY_SUFFIX if rtype == ERROR_TYPE else ''}"
         return self.name_for(headers, base=base)
 
@@ -382,13 +394,58 @@ class AreaLayout(Layout):
 
     def reply(self, c: Candidate, node_id: str, when: datetime, op_id: str, *,
               error: bool, type: str | None = None) -> Outbound | None:
+        """The response goes to the outbox of the endpoint the request's reply_to names, staged
+        in that endpoint's outstage; to this endpoint's own outbox when there is no reply_to,
+        when it names this endpoint, or when it cannot be reached (:meth:`reply_refusal`: the
+        caller gets the error reply here)."""
         if self.direction != "in" or c.envelope.headers.kind != "request":
             return None
-        out = self.area
-        name = self.response_name(c.envelope, node_id, error=error, type=type)
+        target, _ = self._reply_route(c)
+        there = target or self
+        name = there.response_name(c.envelope, node_id, error=error, type=type,
+                                   origin=self.key if target is not None else None)
+        out = there.area
         return Outbound(out.path("out", "box", name), out.path("out", "stage", claim_name(name, node_id)),
                         out.path("out", "protect", archive_name(name, node_id, when))
-                        if self.config.protect else None)
+                        if there.config.protect else None)
+
+    def reply_refusal(self, c: Candidate) -> str | None:
+        if self.direction != "in" or c.envelope.headers.kind != "request":
+            return None
+        return self._reply_route(c)[1]
+
+    def _reply_route(self, c: Candidate) -> tuple[AreaLayout | None, str | None]:
+        """(the layout of the endpoint ``c``'s reply_to names, None for this one; why the reply
+        cannot go there, None if it can)."""
+        reply_to = c.envelope.headers.reply_to
+        if reply_to is None or reply_to == self.key:
+            return None, None
+        peer = self.peers.get(reply_to)
+        if peer is None:
+            if self.codec.name == "dropboxmq":
+                # Every dropboxmq request carries a reply-to (it is what marks a request), most
+                # often a JMS destination ftpbc does not know: the reply stays here, as it always has.
+                return None, None
+            return None, (f"reply_to {reply_to!r} names no endpoint this node knows; the reply "
+                          "cannot be delivered there")
+        if peer.server != self.config.server:
+            return None, (f"reply_to {reply_to!r} is on server {peer.server!r}, and this request came "
+                          f"through {self.config.server!r}: a reply goes to an endpoint on the same server")
+        with self._lock:
+            layout = self._reply_layouts.get(reply_to)
+            if layout is None:
+                layout = self._reply_layouts[reply_to] = AreaLayout(reply_to, peer, "out")
+        return layout, None
+
+    def ensure_dir(self, transport: Transport, path: str) -> None:
+        """Create the directory of a path outside this area (another endpoint's outstage or
+        outbox, for a reply_to) once per process: this area's own are made by :meth:`prepare`."""
+        directory = posixpath.dirname(path)
+        if directory.startswith(self.area.repository.rstrip("/") + "/") or directory in self._made:
+            return
+        transport.mkdir(directory)
+        with self._lock:
+            self._made.add(directory)
 
     def with_delivery_count(self, c: Candidate, count: int) -> str:
         if self.direction == "out":

@@ -51,13 +51,15 @@ from ftpbc.errors import (
     OutcomeUnknown,
     PermissionDenied,
     ProtocolError,
+    QueueFull,
     SourceGone,
     TransportError,
     UnsafeEntry,
     UnsafeNameError,
 )
 from ftpbc.exchange.area import REASON_SUFFIX, archive_name
-from ftpbc.exchange.bounds import DEFAULT_MAX_MESSAGE_BYTES, READ_MARGIN, BoundedSink, check_body
+from ftpbc.exchange.bounds import DEFAULT_MAX_MESSAGE_BYTES, READ_MARGIN, BoundedSink, body_length, check_body
+from ftpbc.exchange.capacity import Capacity
 from ftpbc.exchange.envelope import EXPIRED_TYPE, NAME_LIMIT, Envelope, Headers
 from ftpbc.exchange.layout import Candidate, Commit, Layout, Outbound
 from ftpbc.exchange.policy import DEFAULT_POLICY, QueuePolicy
@@ -153,6 +155,8 @@ class Lifecycle:
                  policy: QueuePolicy = DEFAULT_POLICY) -> None:
         self.layout = layout
         self.policy = policy
+        #: a bounded inbox's count, kept by its senders (docs/queues.md); None: unbounded
+        self.capacity = Capacity(layout, transport, policy) if policy.bounded else None
         #: told of the messages this lifecycle files as dead letters (a provider sets its own)
         self.observer: EndpointObserver = NULL_OBSERVER
         #: expired messages the last listings found (name -> candidate), for take_expired
@@ -308,12 +312,44 @@ class Lifecycle:
         On return the file is visible and complete.  If this raises, the journal still holds the
         intent and recovery rolls it back (a staged file is removed: the sender never got an
         acknowledgement).
+
+        A send to a bounded inbox counts it first (:mod:`ftpbc.exchange.capacity`): when full,
+        QueueFull is raised before anything is staged or journaled, or (``on_overflow:
+        dead_letter``) the message goes the same way into the dead letters instead, and a
+        request raises QueueFull once it is filed there (no reply can come).
         """
+        check_body(body, self.max_message_bytes, f"{self.name}: message for {out.target}")
+        name = out.target.rsplit("/", 1)[-1]
+        if self.capacity is None or out.target != self.layout.box_path(name):
+            return self._send(out, body, op_id=op_id, kind=kind)
+        with self.capacity.admit(name, body_length(body)) as full:
+            if full is None:
+                return self._send(out, body, op_id=op_id, kind=kind)
+        when = self.clock()
+        # The same stage, another target: journaled and recovered like any send, and the name
+        # keeps every header the sender gave.
+        dead = Outbound(self.layout.filed_path(self.layout.dead_dir, name, self.node_id, when), out.stage)
+        this = f" and this message has {full.size} bytes" if full.limit == "max_bytes" and full.size else ""
+        reason = (f"overflow: {full.messages} message(s) of {full.waiting_bytes} bytes waiting in "
+                  f"{self.layout.box}, {full.limit} is {full.bound}{this}; filed by node {self.node_id} "
+                  f"at {when.isoformat(timespec='milliseconds')}, never delivered")
+        where = self._send(dead, body, op_id=op_id, kind=kind, reason=reason)
+        log.warning("%s: queue full (%s %d): %s filed as a dead letter", self.name, full.limit,
+                    full.bound, name)
+        if kind == "request":
+            raise QueueFull(full.endpoint, full.limit, full.bound, full.messages, full.waiting_bytes,
+                            full.size, filed=where)
+        return where
+
+    def _send(self, out: Outbound, body: Body, *, op_id: str, kind: str, reason: str | None = None) -> str:
+        """:meth:`send` once its bound is decided.  ``reason``: the message is being filed (a
+        dead letter); ``<where>.reason`` is put beside it once it is in place, and the reason is
+        in the journal record, so recovery puts it when a crash came first."""
         # Not fsynced: written before the put, it survives a kill of this process (the page
         # cache outlives it); after a machine crash, recovery finds the stage file by the node
         # id in its name instead (recovery.recover_orphans).  Only results need fsync.
-        check_body(body, self.max_message_bytes, f"{self.name}: message for {out.target}")
-        self.journal.record_many([(op_id, "send", {"kind": kind, **out.fields()})], durable=False)
+        fields = {"kind": kind, **out.fields(), **({"reason": reason} if reason is not None else {})}
+        self.journal.record_many([(op_id, "send", fields)], durable=False)
         crash_point("send.after-intent")
         if out.stage:
             self.layout.ensure_dir(self.transport, out.stage)
@@ -327,8 +363,32 @@ class Lifecycle:
             self.journal.end(op_id)
             raise
         crash_point("send.after-expose")
+        if reason is not None:
+            if self.filed_dead(where):
+                self.observer.dead_lettered()
+            try:
+                self.transport.put(where + REASON_SUFFIX, io.BytesIO(reason.encode("utf-8") + b"\n"))
+            except TransportError as exc:
+                # The message is filed: failing the send now would have it sent again.
+                log.warning("%s: %s: could not write its reason file: %s", self.name, where, exc)
         self.journal.end(op_id)
         return where
+
+    def stage(self, out: Outbound, body: Body, *, op_id: str, kind: str, tx: str) -> None:
+        """The first half of :meth:`send` for a member of transaction ``tx``: journal the send
+        (its record names the transaction), upload to the stage; nothing is exposed.
+
+        The transaction (:mod:`ftpbc.exchange.transaction`) exposes its members with
+        :meth:`expose` once its commit record is durable.  Until then recovery rolls the member
+        back like any staged send; after it, the transaction's recovery rolls it forward.
+        """
+        if not out.stage:
+            raise ValueError(f"{self.name}: {out.target} has no stage: it cannot be sent in a transaction")
+        check_body(body, self.max_message_bytes, f"{self.name}: message for {out.target}")
+        # Not fsynced, as a send's record: the commit record is, and it names every member.
+        self.journal.record_many([(op_id, "send", {"kind": kind, "tx": tx, **out.fields()})], durable=False)
+        self.layout.ensure_dir(self.transport, out.stage)
+        self.transport.put(out.stage, _stream(body))
 
     def expose(self, out: Outbound, *, staged: bool, body: Callable[[], BinaryIO] | None) -> str:
         """From a complete staged file (or, unstaged, from ``body``) to target and final names.
@@ -584,9 +644,17 @@ class Lifecycle:
         requester gets an error reply).  ``result`` None means nothing to send.  Once this
         returns the handler must never run again for this message: recovery sends the result.
         ``commit`` overrides where the message goes, ``reply_type`` the type of the error reply.
+        A result for a request whose reply_to cannot be reached (:meth:`Layout.reply_refusal`)
+        is recorded as a failure with that reason: filed as an error, the error reply in the
+        request's own outbox.
         """
         layout = self.layout
         when = self.clock()
+        if error is None and result is not None:
+            # A reply_to this node cannot reach: the caller hears why, from its own outbox.
+            refused = layout.reply_refusal(claimed.candidate)
+            if refused is not None:
+                error, result = refused, None
         commit = commit or layout.commit(claimed.candidate, self.node_id, when, error=error is not None)
         fields = {"claim": claimed.path, "commit": commit.path, "request": claimed.name}
         if commit.cleanup:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ftpbc.config.models import EndpointConfig
-from ftpbc.exchange.selector import Selector
+from ftpbc.exchange.selector import Selector, compile_selector
 
 Disposal = Literal["discard", "dead_letter"]
 Overflow = Literal["reject", "dead_letter"]
@@ -40,7 +40,9 @@ class QueuePolicy:
         expire, are selected, dead-lettered and bounded; responses go to one waiting caller)."""
         if direction != "in":
             return cls()
-        return cls(expires=True, expired=ep.expired, dead_letter=ep.dead_letter)
+        return cls(expires=True, expired=ep.expired, dead_letter=ep.dead_letter,
+                   max_messages=ep.max_messages, max_bytes=ep.max_bytes, on_overflow=ep.on_overflow,
+                   selector=compile_selector(ep.selector) if ep.selector is not None else None)
 
 
 DEFAULT_POLICY = QueuePolicy()

@@ -5,7 +5,8 @@ Every pending operation is decided by its last durable record plus a few ``stat`
 ``send`` (a message or a partner's file being staged and exposed)
     stage exists -> rolled back (the sender never got an acknowledgement, and the staged file
     may be torn); target or final name exists -> done (a post_send rename left undone is
-    finished); neither -> done (it was exposed and has already been taken).
+    finished; a message filed as a dead letter gets its reason file if it lacks it); neither ->
+    done (it was exposed and has already been taken).
 ``claim`` (a file claimed, not yet handled)
     returned to its box with its delivery count raised (a message that kills the node that
     reads it ends in the error directory after ``max_deliveries``); a response already handed
@@ -13,6 +14,8 @@ Every pending operation is decided by its last durable record plus a few ``stat`
 ``served`` (the handler returned; its result is in the journal)
     finished by :meth:`Lifecycle.finish_served`, the very code a live node runs: the handler is
     never called again.
+    A member of a transaction (its record names it: ``tx``) is decided so only when the
+    transaction has no open commit record: without one it was never committed.
 ``replay`` (``ftpbc dlq replay``: a dead letter going back to its box)
     finished by :meth:`Lifecycle.finish_replay`: renamed if still a dead letter, its reason
     file removed.
@@ -24,13 +27,14 @@ record) is logged and left pending for the next run; it never stops the others.
 
 from __future__ import annotations
 
+import io
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 from ftpbc.errors import FtpbcError, NotFound, SourceGone
-from ftpbc.exchange.area import split_claim
+from ftpbc.exchange.area import REASON_SUFFIX, split_claim
 from ftpbc.exchange.layout import Outbound
 from ftpbc.exchange.lifecycle import Lifecycle
 from ftpbc.faults import crash_point
@@ -51,22 +55,27 @@ class Action:
 
 
 def recover_pending(lifecycles: Sequence[Lifecycle], *, orphans: bool = True,
-                    lock: Callable[[], AbstractContextManager[bool]] | None = None) -> list[Action]:
+                    lock: Callable[[], AbstractContextManager[bool]] | None = None,
+                    held: Collection[str] = ()) -> list[Action]:
     """Finish or undo every pending operation of one journal, then (``orphans``) this node's
     unjournaled files in these lifecycles' directories.
 
     ``lifecycles`` share one journal (an endpoint's two directions, or one transfer); each
     operation goes to the one whose directories it names.  ``lock``: each operation is decided
     while holding it (a transfer that reads in place: only the poll lock keeps pollers off the
-    file); one that cannot be had defers the operation to the next recovery.
+    file); one that cannot be had defers the operation to the next recovery.  ``held``: the
+    transactions whose commit record is still open; their members' sends are left alone (they
+    are rolled forward by :func:`ftpbc.exchange.transaction.recover_transactions`, never back).
     """
     main = lifecycles[0]
     actions = []
     for op in main.journal.pending():
         crash_point("recover.before-op")
         lc = _owner(lifecycles, op)
-        with lock() if lock is not None else nullcontext(True) as held:
-            if not held:
+        with lock() if lock is not None else nullcontext(True) as locked:
+            if op.fields.get("tx", "") in held:
+                outcome = "left for its transaction: committed, to be rolled forward"
+            elif not locked:
                 outcome = "deferred: poll lock busy"
             else:
                 try:
@@ -114,6 +123,10 @@ def _recover_op(lc: Lifecycle, op: Operation) -> str:
             outcome = f"rolled forward: in place at {lc.expose(out, staged=True, body=None)}"
         elif t.exists(out.where):
             outcome = "already exposed"
+            if "reason" in f and not t.exists(out.where + REASON_SUFFIX):
+                # a send filed as a dead letter (an overflow) whose reason file a crash cut off
+                t.put(out.where + REASON_SUFFIX, io.BytesIO(f["reason"].encode("utf-8") + b"\n"))
+                outcome += ", its reason file written"
         else:
             outcome = "already exposed and taken"
         lc.journal.end(op.op_id)

@@ -21,6 +21,7 @@ from ftpbc.exchange.layout import KEY_PREFIX, AreaLayout, Direction, PartnerLayo
 from ftpbc.exchange.lifecycle import Lifecycle
 from ftpbc.exchange.policy import QueuePolicy
 from ftpbc.exchange.recovery import Action, recover_orphans, recover_pending
+from ftpbc.exchange.transaction import TX_KEY, open_transactions, recover_transactions
 from ftpbc.journal import Journal
 from ftpbc.patterns import ExpandContext, Pattern
 from ftpbc.transport import Transport, open_transport
@@ -36,6 +37,7 @@ class MessageOptions(TypedDict, total=False):
     properties: Mapping[str, PropertyValue]
     correlation_id: str
     type: str
+    reply_to: str
 
 
 class Runtime:
@@ -75,7 +77,8 @@ class Runtime:
         with self._lock:
             lc = self._lifecycles.get(key)
         if lc is None:
-            lc = Lifecycle(AreaLayout(endpoint, ep, direction), self.transport(ep.server),
+            lc = Lifecycle(AreaLayout(endpoint, ep, direction, peers=self.config.endpoints),
+                           self.transport(ep.server),
                            self.journal.endpoint(endpoint), self.node_id,
                            max_deliveries=ep.max_deliveries, redelivery_delay=ep.redelivery_delay,
                            policy=QueuePolicy.of(ep, direction))
@@ -108,13 +111,18 @@ class Runtime:
 
     def new_message(self, endpoint: str, kind: Kind, *, priority: int | None = None,
                     properties: Mapping[str, PropertyValue] | None = None, ttl: float | None = None,
-                    correlation_id: str | None = None, type: str | None = None) -> tuple[str, str]:
+                    correlation_id: str | None = None, type: str | None = None,
+                    reply_to: str | None = None) -> tuple[str, str]:
         """A fresh ``(file name, uuid)`` for a request or one-way message of ``endpoint``.
 
         ``priority`` (0-9) and ``ttl`` (seconds until the message expires) default to the
         endpoint's; ``type`` may not start with ``ftpbc.`` (ftpbc's own replies use those).
+        ``reply_to`` (requests only) names the endpoint whose outbox gets the response: one of
+        this configuration's, on the same server (else ValueError, before anything is sent).
         """
         ep = self.config.endpoint(endpoint)
+        if reply_to is not None:
+            self._check_reply_to(endpoint, kind, reply_to)
         priority = ep.priority if priority is None else priority
         ttl = ep.ttl if ttl is None else ttl
         if ttl is not None and not ttl > 0:
@@ -137,15 +145,32 @@ class Runtime:
             assert expansion.uuid is not None  # message_name is validated to contain %u
             base, uid = prefix + expansion.name, expansion.uuid
         if (ep.naming == "ftpbc" and priority == DEFAULT_PRIORITY and not properties and expiration is None
-                and correlation_id is None and type is None):
+                and correlation_id is None and type is None and reply_to in (None, endpoint)):
             name = base  # all defaults: the plain name
         else:
             headers = Headers(id=uid, kind=kind, priority=priority, expiration=expiration,
                               correlation_id=correlation_id, type=type,
-                              reply_to=endpoint if kind == "request" and ep.naming != "ftpbc" else None)
+                              reply_to=reply_to if reply_to not in (None, endpoint)
+                              else endpoint if kind == "request" and ep.naming != "ftpbc" else None)
             name = layout.name_for(headers, dict(properties or {}), base)
         layout.check_sendable(name, base)
         return name, uid
+
+    def _check_reply_to(self, endpoint: str, kind: Kind, reply_to: str) -> None:
+        """Refuse at send a reply_to no node could deliver to (the node's own check is
+        :meth:`AreaLayout.reply_refusal`, for configurations that differ)."""
+        if kind != "request":
+            raise ValueError(f"reply_to is for requests: a one-way message to {endpoint!r} gets no reply")
+        peer = self.config.endpoints.get(reply_to)
+        if peer is None:
+            raise ValueError(f"reply_to {reply_to!r} is not an endpoint of this configuration")
+        server = self.config.endpoint(endpoint).server
+        if peer.server != server:
+            raise ValueError(f"reply_to {reply_to!r} is on server {peer.server!r}, {endpoint!r} on "
+                             f"{server!r}: a reply goes to an endpoint on the request's server")
+
+    def _inbound(self, endpoint: str) -> Lifecycle | None:
+        return self.lifecycle(endpoint) if endpoint in self.config.endpoints else None
 
     def recover(self, *, orphans: bool = True) -> list[Action]:
         """Replay this node's journal; endpoints and transfers no longer configured are
@@ -163,7 +188,13 @@ class Runtime:
                      self.node_id)
             return actions
         config = self.config
+        # Transactions first: a committed one's members are rolled forward and their sends
+        # ended before the endpoints' pass, which would roll an unended one back.
+        actions.extend(recover_transactions(self.journal, self._inbound))
+        held = open_transactions(self.journal)
         for key, ops in self.journal.all_pending().items():
+            if key == TX_KEY:
+                continue  # reported above
             group = self._group(key)
             if group is None:
                 actions.extend(Action(key, op.op_id, op.kind, "skipped: not configured") for op in ops)
@@ -174,8 +205,13 @@ class Runtime:
                 tc = config.transfers[layout.name]
                 poll_lock = self.coordination.poll_lock(layout.key, tc.lock)
                 lock = functools.partial(poll_lock.attempt, wait=60.0)
-            actions.extend(recover_pending(group, orphans=False, lock=lock))
-        if orphans:
+            actions.extend(recover_pending(group, orphans=False, lock=lock, held=held))
+        if orphans and held:
+            # A committed transaction's staged members are not orphans: it is rolled forward
+            # by the next recovery, so nothing of this node's is removed until then.
+            log.warning("node %s: %d committed transaction(s) left for the next recovery; orphan "
+                        "search skipped", self.node_id, len(held))
+        elif orphans:
             for key in [*config.endpoints, *(KEY_PREFIX + name for name in config.transfers)]:
                 for lc in self._group(key) or ():
                     actions.extend(recover_orphans(lc))

@@ -10,7 +10,8 @@ endpoint and transfer it serves.
   otherwise.  Commit is the only proof that the upload was complete: a node killed mid-upload
   leaves a torn file, and a node that lost its claim (it looked dead, the request went to
   another node) leaves a reply that must not replace the other node's.  A partner's staged
-  files wait for their node's own recovery (their targets are only in its journal).
+  files wait for their node's own recovery (their targets are only in its journal), and so do
+  responses staged here for another endpoint's request (reply_to: their names say so).
 * Responses nobody collected within ``uncollected_after``: archived as ``~uncollected``.
 
 The sweep runs under its own cluster lock (the coordination's: a file lock in ``state_dir``,
@@ -142,7 +143,9 @@ class Sweeper:
             try:
                 name, owner = split_claim(e.name)
                 resp = _decoded(outbound.layout, name)
-                if resp is None or owner is None:
+                if resp is None or owner is None or resp.envelope.headers.reply_to is not None:
+                    # A reply_to response: its request was another endpoint's, whose archives
+                    # this sweep does not list; it waits for its node's own recovery.
                     continue
                 uid = resp.envelope.headers.correlation_id or resp.uuid
                 stage = f"{outbound.layout.stages[0]}/{e.name}"

@@ -129,6 +129,7 @@ REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
     "claim": ("src", "dst"),
     "served": (),  # and one of _COMMIT_FIELDS, and its body if it has a reply
     "replay": ("src", "dst"),
+    "commit": ("members",),  # a transaction's sends, all to be exposed (exchange/transaction.py)
     "delivered": (),
     "end": (),
     # written by earlier releases; still read so that an upgrade finishes what they left

@@ -319,7 +319,7 @@ class Provider(Poller):
         if self.in_place:
             # Read in place: only holding the lock keeps other nodes off these files.  A file
             # that could not be handled stays (held back a while) and counts 0.
-            waiting = lc.waiting()
+            waiting = self._selected(lc.waiting())
             self.observer.listed(c.mtime for c in waiting)
             picks = waiting[:free]
             claimed, _ = lc.claim(picks, "serve")
@@ -343,7 +343,7 @@ class Provider(Poller):
                 if listed:
                     break
                 started = time.monotonic()
-                self._backlog = deque(lc.waiting())
+                self._backlog = deque(self._selected(lc.waiting()))
                 self._listed_at = time.monotonic()
                 self._listing_seconds = self._listed_at - started
                 self.longest_listing = max(self.longest_listing, self._listing_seconds)
@@ -367,6 +367,20 @@ class Provider(Poller):
         if won == 0 and lost:
             self._backlog.clear()
         return self._claimed_count(won, lost)
+
+    def _selected(self, waiting: list[Candidate]) -> list[Candidate]:
+        """The waiting messages this node's selector (the endpoint's ``selector:``) takes.
+
+        Filtered here, at listing time, so that the others are never claimed, returned or
+        counted as work by this node: they stay for other consumers, and a box holding only
+        messages this node does not take is an empty box to it (the poller backs off to
+        ``poll_interval`` instead of claiming and listing again at once).  Expired ones are
+        filed all the same (``waiting`` sets them aside before this; so does the sweeper)."""
+        selector = self.lifecycle.policy.selector
+        if selector is None:
+            return waiting
+        matches = selector.matches
+        return [c for c in waiting if matches(c.envelope.headers, c.envelope.properties)]
 
     def _expire_found(self, limit: int) -> None:
         """Claim up to ``limit`` of the expired messages listings found; workers file them."""

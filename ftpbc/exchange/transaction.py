@@ -1,0 +1,300 @@
+"""Transacted sends: several messages, to one or several endpoints, visible all or none.
+
+    with client.transaction() as tx:
+        tx.send("audit", b"...")
+        uid = tx.submit("quote", b"...")
+    # here every message is in its inbox; had the block raised, none would be
+
+The order of the steps is what makes a crash decidable::
+
+    per member: send record (names the transaction) -> upload to instage/<name>~<node>
+    COMMIT: one durable ``commit`` record in the node's transaction journal, naming every member
+            (endpoint, op id, stage and target)
+    per member: rename stage -> box      (expose)
+    end each member's send, then end the commit
+
+Before the commit record nothing is visible, and recovery rolls every member back (its staged
+file is removed, as for any send that was never acknowledged).  Once the commit record is on
+disk, every member is complete in its stage (the record is written only after the last upload
+returned), and recovery rolls every member forward (exposes what is still staged).  A process
+killed anywhere therefore ends, after ``ftpbc recover`` (or the next client or node of the same
+identity), with all members in their boxes or none.
+
+The commit record is self-contained (it is fsynced; the members' send records are not), so
+even a machine crash that lost the send records is rolled forward from it; without it, the
+members' staged files carry this node's id and are removed as orphans.
+
+Members may go to endpoints on several servers.  The guarantee stays all-or-none *after
+recovery*: :meth:`Transaction.commit` that fails while exposing (a server unreachable) has
+committed all the same, and the members not yet out are exposed by a retried
+:meth:`~Transaction.commit` or by recovery.  Between the first rename and the last, a consumer
+may see some members before the others: exposing is one rename per member, never one for all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid as uuidlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, BinaryIO, Protocol
+
+from ftpbc.errors import FtpbcError, NotFound
+from ftpbc.exchange.envelope import Kind
+from ftpbc.exchange.layout import AreaLayout, Outbound
+from ftpbc.exchange.lifecycle import Lifecycle, op_id_for
+from ftpbc.exchange.recovery import Action
+from ftpbc.faults import crash_point
+from ftpbc.journal import EndpointJournal, Journal
+
+log = logging.getLogger("ftpbc.transaction")
+
+#: the journal key of a node's commit records (':' never occurs in an endpoint name)
+TX_KEY = "transactions:"
+
+
+class Sender(Protocol):
+    """What a transaction needs of a runtime (:class:`ftpbc.exchange.runtime.Runtime`)."""
+
+    node_id: str
+    journal: Journal
+
+    def lifecycle(self, endpoint: str, direction: Any = "in") -> Lifecycle: ...
+
+    @property
+    def new_message(self) -> Callable[..., tuple[str, str]]:
+        """``(endpoint, kind, **options) -> (file name, uuid)``."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """One message of a transaction: its endpoint, its send's journal op id, where it goes."""
+
+    endpoint: str
+    op_id: str
+    out: Outbound
+
+    def to_json(self) -> dict[str, str]:
+        return {"endpoint": self.endpoint, "op": self.op_id, **self.out.fields()}
+
+    @classmethod
+    def from_json(cls, d: dict[str, str]) -> Member:
+        out = Outbound.from_fields(d)
+        if out is None:
+            raise ValueError(f"transaction member without a target: {d!r}")
+        return cls(d["endpoint"], d["op"], out)
+
+
+def encode_members(members: list[Member]) -> str:
+    return json.dumps([m.to_json() for m in members], separators=(",", ":"))
+
+
+def decode_members(text: str) -> list[Member]:
+    return [Member.from_json(d) for d in json.loads(text)]
+
+
+class Transaction:
+    """Messages staged now, exposed together by :meth:`commit`, or removed by :meth:`rollback`.
+
+    As a context manager: committed when the block ends normally, rolled back when it raises.
+    Not thread-safe: one transaction belongs to one thread (run several for several threads).
+
+    Guarantees: before :meth:`commit` none of the messages is visible.  Once :meth:`commit`
+    returns, all are.  If :meth:`commit` raises before its commit record is written, none ever
+    will be (rolled back here, or by recovery); after it (a server lost while exposing), all will
+    be, by a retried :meth:`commit` or by recovery of this identity.  A process killed at any
+    step ends, after recovery, with all or none.
+    """
+
+    def __init__(self, sender: Sender, *, on_submit: Callable[[str, str], None] | None = None) -> None:
+        self.sender = sender
+        self.id = str(uuidlib.uuid4())
+        self.op_id = f"{self.id}.tx"
+        self._on_submit = on_submit
+        self._members: list[Member] = []
+        self._submitted: list[tuple[str, str]] = []
+        self._exposed: set[str] = set()
+        #: open, committed (record written, maybe not all exposed), done, rolled back
+        self.state = "open"
+
+    # ------------------------------------------------------------------ staging
+
+    def send(self, endpoint: str, body: bytes | str | BinaryIO, **options: Any) -> str:
+        """Stage a one-way message (options as :meth:`Client.send`); return the path it will
+        have in the inbox once the transaction commits."""
+        return self._stage(endpoint, "oneway", body, options)[1]
+
+    def submit(self, endpoint: str, body: bytes | str | BinaryIO, **options: Any) -> str:
+        """Stage a request (options as :meth:`Client.submit`, ``reply_to`` included); return its
+        UUID, for ``collect`` once the transaction has committed."""
+        uid = self._stage(endpoint, "request", body, options)[0]
+        self._submitted.append((options.get("reply_to") or endpoint, uid))
+        return uid
+
+    def _stage(self, endpoint: str, kind: Kind, body: bytes | str | BinaryIO,
+               options: dict[str, Any]) -> tuple[str, str]:
+        if self.state != "open":
+            raise RuntimeError(f"transaction {self.id} is {self.state}: no more messages")
+        name, uid = self.sender.new_message(endpoint, kind, **options)
+        lc = self.sender.lifecycle(endpoint)
+        layout = lc.layout
+        if not isinstance(layout, AreaLayout):
+            raise ValueError(f"{endpoint!r} is not an endpoint: only endpoints' messages can be transacted")
+        out = layout.outbound(name, self.sender.node_id, lc.clock())
+        member = Member(endpoint, op_id_for(uid, "send"), out)
+        # Known before its record is written: a rollback removes whatever part of it exists.
+        self._members.append(member)
+        lc.stage(out, body.encode("utf-8") if isinstance(body, str) else body, op_id=member.op_id,
+                 kind=kind, tx=self.id)
+        crash_point("tx.after-stage")
+        return uid, out.where
+
+    # ------------------------------------------------------------------ the outcome
+
+    def commit(self) -> list[str]:
+        """Make every message visible; return where each is, in the order they were staged.
+
+        Retry after an error: a committed transaction exposes what is left and ends.
+        """
+        if self.state in ("done", "rolled back"):
+            raise RuntimeError(f"transaction {self.id} is {self.state}")
+        journal = self._journal()
+        if self.state == "open":
+            if not self._members:
+                self.state = "done"
+                return []
+            # Durable: from here on the transaction is committed, whatever happens to this process.
+            journal.record(self.op_id, "commit", durable=True, members=encode_members(self._members))
+            self.state = "committed"
+            crash_point("tx.after-commit-record")
+        where = []
+        for member in self._members:
+            lc = self.sender.lifecycle(member.endpoint)
+            if member.op_id not in self._exposed:
+                lc.expose(member.out, staged=True, body=None)
+                self._exposed.add(member.op_id)
+                if len(self._exposed) == 1:
+                    crash_point("tx.after-first-expose")
+            where.append(member.out.where)
+        for member in self._members:
+            self.sender.lifecycle(member.endpoint).journal.end(member.op_id)
+        journal.end(self.op_id)
+        self.state = "done"
+        if self._on_submit is not None:
+            for endpoint, uid in self._submitted:
+                self._on_submit(endpoint, uid)
+        return where
+
+    def rollback(self) -> None:
+        """Remove every staged message; none was visible.  Refused once committed."""
+        if self.state in ("committed", "done"):
+            raise RuntimeError(f"transaction {self.id} is committed: it cannot be rolled back")
+        if self.state == "rolled back":
+            return
+        self.state = "rolled back"
+        failed: FtpbcError | None = None
+        for member in self._members:
+            lc = self.sender.lifecycle(member.endpoint)
+            try:
+                if member.out.stage:
+                    try:
+                        lc.transport.delete(member.out.stage)
+                    except NotFound:
+                        pass  # never uploaded (or its upload failed before the file was made)
+                lc.journal.end(member.op_id)
+            except FtpbcError as exc:
+                # Left pending: no commit record, so recovery removes it.
+                log.warning("transaction %s: staged %s left for recovery: %s", self.id, member.out.stage, exc)
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+
+    def _journal(self) -> EndpointJournal:
+        return self.sender.journal.endpoint(TX_KEY)
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            if self.state in ("open", "committed"):
+                self.commit()
+            return
+        if self.state == "open":
+            try:
+                self.rollback()
+            except FtpbcError:
+                pass  # logged; the block's own exception is the one to see
+        # committed (commit raised while exposing): recovery or a retried commit finishes it
+
+
+# ---------------------------------------------------------------------- recovery
+
+def open_transactions(journal: Journal) -> set[str]:
+    """The ids of this node's committed transactions not yet finished (their members must be
+    rolled forward, never back)."""
+    if TX_KEY not in journal.registry():
+        return set()
+    return {op.op_id.rsplit(".", 1)[0] for op in journal.endpoint(TX_KEY).pending() if op.kind == "commit"}
+
+
+def recover_transactions(journal: Journal, inbound: Callable[[str], Lifecycle | None]) -> list[Action]:
+    """Roll every committed, unfinished transaction forward: expose each member still staged,
+    end the members' sends and the commit.  ``inbound`` gives an endpoint's inbound lifecycle
+    (None: not configured; the transaction is then left pending and reported).
+
+    Run before the endpoints' own operations (:func:`ftpbc.exchange.recovery.recover_pending`):
+    a member whose transaction has no commit record is an ordinary unacknowledged send there,
+    rolled back.  Idempotent: every step re-checks the server.
+    """
+    if TX_KEY not in journal.registry():
+        return []
+    txj = journal.endpoint(TX_KEY)
+    actions = []
+    for op in txj.pending():
+        crash_point("recover.before-op")
+        if op.kind != "commit":
+            txj.end(op.op_id)
+            outcome = f"unknown operation {op.kind!r} dropped"
+        else:
+            try:
+                outcome = _roll_forward(txj, op.op_id, decode_members(op.fields["members"]), inbound)
+            except FtpbcError as exc:
+                outcome = f"left for the next recovery: {exc}"
+                log.warning("%s: cannot recover transaction yet: %s", op.op_id, exc)
+        crash_point("recover.after-op")
+        actions.append(Action(TX_KEY, op.op_id, op.kind, outcome))
+        log.info("recovered %s", actions[-1])
+    return actions
+
+
+def _roll_forward(txj: EndpointJournal, op_id: str, members: list[Member],
+                  inbound: Callable[[str], Lifecycle | None]) -> str:
+    lifecycles = [inbound(m.endpoint) for m in members]
+    missing = sorted({m.endpoint for m, lc in zip(members, lifecycles, strict=True) if lc is None})
+    if missing:
+        return f"skipped: endpoint {', '.join(missing)} not configured (left pending)"
+    exposed = 0
+    for m, lc in zip(members, lifecycles, strict=True):
+        assert lc is not None
+        # The stage is complete: the commit record was written after the last upload returned.
+        if m.out.stage and lc.transport.exists(m.out.stage):
+            lc.expose(m.out, staged=True, body=None)
+            exposed += 1
+    for m, lc in zip(members, lifecycles, strict=True):
+        assert lc is not None
+        if _pending(lc.journal, m.op_id):
+            lc.journal.end(m.op_id)
+    txj.end(op_id)
+    return (f"committed: rolled forward, {exposed} of {len(members)} member(s) exposed now, "
+            "the others were out already")
+
+
+def _pending(journal: EndpointJournal, op_id: str) -> bool:
+    return any(op.op_id == op_id for op in journal.pending())
+
+
+__all__ = ["TX_KEY", "Member", "Transaction", "open_transactions", "recover_transactions"]
