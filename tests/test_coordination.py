@@ -165,6 +165,29 @@ def test_nodes_racing_for_a_new_lock_never_hold_it_together(nodes: Nodes) -> Non
     assert nodes.files("locks", "quote") == [tokens[0].name, f"token.{tokens[0].id}"]
 
 
+@pytest.mark.parametrize("handle", ["local", "pyftpdlib"], indirect=True)
+def test_an_extra_free_token_left_by_a_node_that_stopped_never_locks_the_others_out(nodes: Nodes) -> None:
+    """Two nodes created a token each at once; the one with the larger id saw its token alone,
+    used it and stopped using the lock.  The node that knows the smaller token takes the lock
+    (removing the extra one), instead of giving its own back on every try."""
+    a, b = nodes("node-a"), nodes("node-b")
+    la, lb = cross(a), cross(b)
+    assert lb.acquire(0)  # node-b makes the first token and holds it alone
+    lb.release()
+    [b_token] = [t.id for name in nodes.files("locks", "quote") if (t := Token.parse(name)) is not None]
+    small = "0" * len(b_token)  # a token created at the same moment, with the smaller id
+    directory = nodes.handle.local(f"{nodes.dir}/locks/quote")
+    (directory / f"lock.{small}").write_bytes(b"")
+    (directory / f"token.{small}").write_bytes(b"")
+    la._token = small  # node-a created it, so node-a tries it first
+    assert la.acquire(2.0), nodes.files("locks", "quote")
+    assert holder(nodes) == "node-a"
+    la.release()
+    assert nodes.files("locks", "quote") == [f"lock.{small}", f"token.{small}"]
+    assert lb.acquire(3.0)  # node-b finds its token gone (after a rescan) and takes the one left
+    lb.release()
+
+
 def test_abandoned_lock_is_taken_over_after_its_expiry_not_before(nodes: Nodes) -> None:
     a, b = nodes("node-a", lock_expiry=3.0), nodes("node-b", lock_expiry=3.0)
     la, lb = cross(a), cross(b)

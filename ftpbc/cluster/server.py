@@ -589,8 +589,16 @@ class ServerLock:
             # id stays (given back free, to be used once alone), the others are deleted by
             # their holders.  Only a holder deletes a token, never one in use, so a token in
             # use is always marked, and of two tokens in use one would have seen the other.
-            marked, _ = self._scan()
+            marked, movers = self._scan()
             others = marked - {token}
+            if others and token < min(others):
+                # Ours is the token to keep: remove the free extra ones now.  Leaving that to
+                # their holders is not enough: a holder that once saw its extra token alone
+                # never checks again, so after it stopped using the lock nobody would remove
+                # it, and this node would give its own token back on every try, for ever (four
+                # hosts racing to create one sequence: a 30 s lock timeout).  A token another
+                # node holds stays with it, and this node waits.
+                others = self._prune(marked, movers) - {token}
             if others:
                 try:
                     if token < min(others):
