@@ -454,8 +454,10 @@ def _recover_own_send(client: Any, stop: threading.Event) -> tuple[str, str]:
 
 
 def client_loop(cluster: Cluster, client_id: str, bodies: Iterator[bytes], ledger: Ledger,
-                stop: threading.Event, collect_timeout: float) -> None:
+                stop: threading.Event, collect_timeout: float,
+                options: Callable[[bytes], dict[str, Any]] | None = None) -> None:
     """One client: submit, then collect, one request at a time, until ``bodies`` runs out.
+    ``options`` gives the submit options of a body (priority, properties...).
 
     A failed submit is resolved from the client's own journal (never resubmitted blindly, which
     could create a duplicate); a collect that times out is retried with the same UUID once the
@@ -469,7 +471,7 @@ def client_loop(cluster: Cluster, client_id: str, bodies: Iterator[bytes], ledge
                 if stop.is_set():
                     return
                 try:
-                    uid = client.submit(ENDPOINT, body)
+                    uid = client.submit(ENDPOINT, body, **(options(body) if options else {}))
                 except TransportError:
                     with ledger.lock:
                         ledger.submit_errors += 1
@@ -621,7 +623,8 @@ def _uuid_of(name: str, prefix: str) -> str | None:
     if not name.startswith(prefix):
         return None
     base = name.split("~", 1)[0]
-    return base[len(prefix):].removesuffix(".error")
+    # Headers follow the uuid after ';' (``req.<uuid>;p=8``: a request sent with a priority).
+    return base[len(prefix):].split(";", 1)[0].removesuffix(".error")
 
 
 def check(cluster: Cluster, ledger: Ledger) -> Verdict:

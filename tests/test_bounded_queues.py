@@ -224,3 +224,55 @@ def test_concurrent_producers_overshoot_by_s_minus_1_at_most(server: ServerHandl
     assert race("solo", 1, 8) == limit
     assert limit <= race("four", 4, 1) <= limit + 4 - 1
     assert limit <= race("pairs", 4, 2) <= limit + 8 - 1
+
+
+def test_a_transaction_counts_against_the_bound_all_or_none(server: ServerHandle, tmp_path: Path,
+                                                            things: list[Any]) -> None:
+    """A transaction's members are counted at commit, before its commit record, every member of
+    an endpoint on one listing: all fit and it commits, or QueueFull and the whole transaction
+    is rolled back (its members to other endpoints too), with ``on_overflow: dead_letter`` as
+    well: a transaction cannot file one member and expose the others."""
+    base = server.fresh_dir()
+    endpoints = {"ep": {"repository": f"{base}/ep", **FAST, "max_messages": 3},
+                 "dl": {"repository": f"{base}/dl", **FAST, "max_bytes": 10, "on_overflow": "dead_letter"},
+                 "free": {"repository": f"{base}/free", **FAST}}
+    client = _client(server, tmp_path, "cli", endpoints, things)
+    for ep in endpoints:
+        client.runtime.lifecycle(ep)
+    client.send("ep", b"waiting")
+
+    def nothing_left() -> bool:
+        pending = client.runtime.journal.all_pending()
+        return not pending and not any(_files(server, f"{base}/{ep}", d)
+                                       for ep in endpoints for d in ("instage", "indead"))
+
+    # three more for ep would be four: refused as a whole, free's member rolled back with them
+    with pytest.raises(QueueFull) as full, client.transaction() as tx:
+        tx.send("free", b"other endpoint")
+        for i in range(3):
+            tx.send("ep", f"m{i}")
+    assert tx.state == "rolled back"
+    err = full.value
+    # the third member found the listed one plus the two members before it
+    assert (err.endpoint, err.limit, err.bound, err.messages, err.filed) == ("ep", "max_messages", 3, 3, None)
+    assert len(_files(server, f"{base}/ep", "inbox")) == 1 and _files(server, f"{base}/free", "inbox") == []
+    assert nothing_left()
+    # two fit exactly
+    with client.transaction() as tx:
+        tx.send("ep", b"a")
+        tx.submit("ep", b"b")
+    assert tx.state == "done" and len(_files(server, f"{base}/ep", "inbox")) == 3
+    # max_bytes with dead_letter: 6 + 6 bytes pass 10, so the transaction is refused, nothing filed
+    with pytest.raises(QueueFull) as over, client.transaction() as tx:
+        tx.send("dl", b"123456")
+        tx.send("dl", b"abcdef")
+    refused = over.value
+    assert (refused.limit, refused.waiting_bytes, refused.size, refused.filed) == ("max_bytes", 6, 6, None)
+    assert _files(server, f"{base}/dl", "inbox") == [] and nothing_left()
+    # by hand: commit() raises, and the transaction is over
+    tx = client.transaction()
+    tx.send("ep", b"no room")
+    with pytest.raises(QueueFull):
+        tx.commit()
+    assert tx.state == "rolled back" and len(_files(server, f"{base}/ep", "inbox")) == 3 and nothing_left()
+    client.send("dl", b"1234567890")  # the bound itself: a single send still fits exactly

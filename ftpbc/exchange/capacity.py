@@ -109,5 +109,32 @@ class Capacity:
             with self._lock:
                 self._pending.pop(name, None)
 
+    @contextmanager
+    def admit_all(self, sends: list[tuple[str, int | None]]) -> Iterator[None]:
+        """Count the box for several sends at once (the members of one transaction bound for it,
+        ``(name, size)`` each): all fit, and are counted as pending until the block ends, or
+        QueueFull is raised for the first that does not, whatever ``on_overflow`` says (a
+        transaction is all or none, so it cannot file one member as a dead letter and expose
+        the others: the caller refuses the whole transaction)."""
+        with self._lock:
+            # One listing for all of them, under the lock as in admit(): the members are counted
+            # one after another on top of it, each seeing the ones before it.
+            depth = self._depth()
+            count, total = depth.messages, depth.bytes
+            for _name, size in sends:
+                full = self.overflow(Depth(count, total), size)
+                if full is not None:
+                    limit, bound = full
+                    raise QueueFull(self.layout.display, limit, bound, count, total, size)
+                count, total = count + 1, total + (size or 0)
+            for name, size in sends:
+                self._pending[name] = size or 0
+        try:
+            yield None
+        finally:
+            with self._lock:
+                for name, _ in sends:
+                    self._pending.pop(name, None)
+
 
 __all__ = ["Capacity", "Depth"]

@@ -8,6 +8,7 @@
 The order of the steps is what makes a crash decidable::
 
     per member: send record (names the transaction) -> upload to instage/<name>~<node>
+    ADMIT: members bound for bounded inboxes counted against them (QueueFull: all rolled back)
     COMMIT: one durable ``commit`` record in the node's transaction journal, naming every member
             (endpoint, op id, stage and target)
     per member: rename stage -> box      (expose)
@@ -33,6 +34,7 @@ may see some members before the others: exposing is one rename per member, never
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid as uuidlib
@@ -41,7 +43,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, BinaryIO, Protocol
 
-from ftpbc.errors import FtpbcError, NotFound
+from ftpbc.errors import FtpbcError, NotFound, QueueFull
+from ftpbc.exchange.bounds import body_length
 from ftpbc.exchange.envelope import Kind
 from ftpbc.exchange.layout import AreaLayout, Outbound
 from ftpbc.exchange.lifecycle import Lifecycle, op_id_for
@@ -116,6 +119,8 @@ class Transaction:
         self._members: list[Member] = []
         self._submitted: list[tuple[str, str]] = []
         self._exposed: set[str] = set()
+        #: op id -> the member's size in bytes (None: unknown, a pipe), for bounded inboxes
+        self._sizes: dict[str, int | None] = {}
         #: open, committed (record written, maybe not all exposed), done, rolled back
         self.state = "open"
 
@@ -146,8 +151,9 @@ class Transaction:
         member = Member(endpoint, op_id_for(uid, "send"), out)
         # Known before its record is written: a rollback removes whatever part of it exists.
         self._members.append(member)
-        lc.stage(out, body.encode("utf-8") if isinstance(body, str) else body, op_id=member.op_id,
-                 kind=kind, tx=self.id)
+        data = body.encode("utf-8") if isinstance(body, str) else body
+        self._sizes[member.op_id] = body_length(data)  # measured before the upload reads it
+        lc.stage(out, data, op_id=member.op_id, kind=kind, tx=self.id)
         crash_point("tx.after-stage")
         return uid, out.where
 
@@ -161,14 +167,46 @@ class Transaction:
         if self.state in ("done", "rolled back"):
             raise RuntimeError(f"transaction {self.id} is {self.state}")
         journal = self._journal()
-        if self.state == "open":
-            if not self._members:
-                self.state = "done"
-                return []
-            # Durable: from here on the transaction is committed, whatever happens to this process.
-            journal.record(self.op_id, "commit", durable=True, members=encode_members(self._members))
-            self.state = "committed"
-            crash_point("tx.after-commit-record")
+        with contextlib.ExitStack() as admitted:
+            if self.state == "open":
+                if not self._members:
+                    self.state = "done"
+                    return []
+                try:
+                    self._admit(admitted)
+                except QueueFull:
+                    # Before the commit record: refused as a whole, nothing ever visible.
+                    self.rollback()
+                    raise
+                # Durable: from here on the transaction is committed, whatever happens to this process.
+                journal.record(self.op_id, "commit", durable=True, members=encode_members(self._members))
+                self.state = "committed"
+                crash_point("tx.after-commit-record")
+            # The admitted members stay counted as this process's sends in flight until they
+            # are in their boxes: another thread's send must not take their places meanwhile.
+            return self._expose_all(journal)
+
+    def _admit(self, admitted: contextlib.ExitStack) -> None:
+        """Count the members bound for bounded inboxes against their bounds (docs/queues.md,
+        "Bounded queues"): every member fits, or QueueFull for the first endpoint one does not
+        fit, with no member admitted.  An endpoint's members are counted together, on one
+        listing, so two members do not both take its last place."""
+        by_endpoint: dict[str, list[Member]] = {}
+        for member in self._members:
+            by_endpoint.setdefault(member.endpoint, []).append(member)
+        for endpoint, members in by_endpoint.items():
+            lc = self.sender.lifecycle(endpoint)
+            if lc.capacity is None:
+                continue
+            sends = []
+            for m in members:
+                name = m.out.target.rsplit("/", 1)[-1]
+                if m.out.target == lc.layout.box_path(name):  # as Lifecycle.send counts them
+                    sends.append((name, self._sizes.get(m.op_id)))
+            if sends:
+                admitted.enter_context(lc.capacity.admit_all(sends))
+
+    def _expose_all(self, journal: EndpointJournal) -> list[str]:
         where = []
         for member in self._members:
             lc = self.sender.lifecycle(member.endpoint)
