@@ -36,8 +36,23 @@ from tests.servers.handle import ServerHandle
 from tests.servers.process import accepts, kill_sessions
 from tests.support import IN_CI, free_port, require_binary, wait_until
 
-PASSWORD_USER = "ftpbc-sftp"
+#: one user per pytest process: a second test run on the same machine (a developer's beside
+#: CI's, or two at once) must never delete or re-password the user this run logs in as (one run
+#: once failed with "Invalid user" halfway through)
+PASSWORD_USER_PREFIX = "ftpbc-sftp-"
+PASSWORD_USER = f"{PASSWORD_USER_PREFIX}{os.getpid()}"
 PASSWORD_USER_COMMENT = "ftpbc test suite, removed after each run"
+
+
+def _remove_users_of_dead_runs() -> None:
+    """Delete the password users that killed earlier runs left (our comment, a dead pid)."""
+    for entry in pwd.getpwall():
+        name = entry.pw_name
+        if entry.pw_gecos != PASSWORD_USER_COMMENT or not name.startswith(PASSWORD_USER_PREFIX):
+            continue
+        pid = name.removeprefix(PASSWORD_USER_PREFIX)
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            subprocess.run(["userdel", name], check=False, capture_output=True)
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -216,6 +231,7 @@ def sshd_password_login(sshd_process: SshdProcess) -> Iterator[ServerHandle]:
     """A handle for password login as a dedicated user, rooted in a directory that user owns."""
     for tool in ("useradd", "userdel", "chpasswd"):
         require_binary(tool, f"/usr/sbin/{tool}")
+    _remove_users_of_dead_runs()
     try:
         pwd.getpwnam(PASSWORD_USER)
     except KeyError:
@@ -242,5 +258,4 @@ def sshd_password_login(sshd_process: SshdProcess) -> Iterator[ServerHandle]:
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
-        # Also removes a user left behind by an interrupted earlier run (it carries our comment).
         subprocess.run(["userdel", PASSWORD_USER], check=False)
