@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 
+from tests.cluster import Started
 from tests.servers.handle import ServerHandle
 
 pytest_plugins = [
@@ -28,3 +32,11 @@ def server(request: pytest.FixtureRequest) -> ServerHandle:
     """Each test using this fixture runs once per server kind."""
     handle: ServerHandle = request.getfixturevalue(f"{request.param}_server")
     return handle
+
+
+@pytest.fixture
+def things() -> Iterator[list[Any]]:
+    """Nodes and clients a test started (append them): stopped or closed in reverse order when the
+    test ends, also when it fails."""
+    with Started() as started:
+        yield started.things

@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import TypeVar
 
 import pytest
 
+from ftpbc.exchange.message import Message
 from tests.servers.handle import ServerHandle
 
 T = TypeVar("T")
@@ -114,3 +116,28 @@ def drop_message(handle: ServerHandle, repo: str, name: str, body: bytes) -> Non
     staged = handle.local(f"{repo}/instage") / (name + "~test")
     staged.write_bytes(body)
     staged.rename(handle.local(f"{repo}/inbox") / name)
+
+
+class Seen:
+    """A handler that records, thread-safe, what it was given (``messages``, their ``bodies``
+    and ``names``) and answers ``reply(body)`` (the body itself by default).  The body is read
+    during the call: a message's spool is gone once its handler has returned."""
+
+    def __init__(self, reply: Callable[[bytes], bytes] = lambda body: body) -> None:
+        self.lock = threading.Lock()
+        self.messages: list[Message] = []
+        self.bodies: list[bytes] = []
+        self.names: list[str] = []
+        self._reply = reply
+
+    def handler(self, message: Message) -> bytes:
+        body = message.body
+        with self.lock:
+            self.messages.append(message)
+            self.bodies.append(body)
+            self.names.append(message.name)
+        return self._reply(body)
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.messages)

@@ -18,9 +18,8 @@ from ftpbc.errors import QueueFull
 from ftpbc.journal import Journal
 from tests.cluster import in_process_config, write_config
 from tests.servers.handle import ServerHandle
-from tests.support import ftpbc_env, run_ftpbc
-from tests.test_dlq import FAST, _files
-from tests.test_dlq import things as things  # the fixture, shared with test_dlq
+from tests.support import area_files, ftpbc_env, run_ftpbc
+from tests.test_dlq import FAST
 
 
 def _client(handle: ServerHandle, tmp_path: Path, node_id: str, endpoints: dict[str, dict[str, Any]],
@@ -34,7 +33,7 @@ def _client(handle: ServerHandle, tmp_path: Path, node_id: str, endpoints: dict[
 def _left_behind(handle: ServerHandle, repo: str, client: Client) -> list[str]:
     """What a refused send could have left: staged files, dead letters, journal operations."""
     pending = [op.op_id for op in client.runtime.journal.endpoint("ep").pending()]
-    return _files(handle, repo, "instage") + _files(handle, repo, "indead") + pending
+    return area_files(handle, repo, "instage") + area_files(handle, repo, "indead") + pending
 
 
 def test_reject_at_the_bound_leaves_nothing_behind(server: ServerHandle, tmp_path: Path,
@@ -53,12 +52,12 @@ def test_reject_at_the_bound_leaves_nothing_behind(server: ServerHandle, tmp_pat
         client.submit("ep", b"x")
     with pytest.raises(QueueFull):
         client.request("ep", b"x", timeout=30)
-    assert len(_files(server, repo, "inbox")) == 3
+    assert len(area_files(server, repo, "inbox")) == 3
     assert _left_behind(server, repo, client) == []
     # counted again at every send, never from memory: a message taken makes room at once
-    server.local(f"{repo}/inbox/{_files(server, repo, 'inbox')[0]}").unlink()
+    server.local(f"{repo}/inbox/{area_files(server, repo, 'inbox')[0]}").unlink()
     client.send("ep", b"fits again")
-    assert len(_files(server, repo, "inbox")) == 3
+    assert len(area_files(server, repo, "inbox")) == 3
 
 
 def test_max_bytes_is_counted_from_listed_sizes(server: ServerHandle, tmp_path: Path,
@@ -79,7 +78,7 @@ def test_max_bytes_is_counted_from_listed_sizes(server: ServerHandle, tmp_path: 
     with pytest.raises(QueueFull) as again:
         client.send("ep", b"y")
     assert (again.value.messages, again.value.waiting_bytes) == (2, 100)
-    assert len(_files(server, repo, "inbox")) == 3 and _left_behind(server, repo, client) == []
+    assert len(area_files(server, repo, "inbox")) == 3 and _left_behind(server, repo, client) == []
 
 
 def test_dead_letter_at_the_bound_lands_in_indead_with_its_reason(server: ServerHandle, tmp_path: Path,
@@ -94,7 +93,7 @@ def test_dead_letter_at_the_bound_lands_in_indead_with_its_reason(server: Server
     letter = where.rsplit("/", 1)[1]
     # the original headers stay in the name: <name>~<node>~<stamp>
     assert letter.startswith("msg.") and ";p=7;.regionS=eu~cli~" in letter
-    assert _files(server, repo, "indead") == [letter, letter + ".reason"]
+    assert area_files(server, repo, "indead") == [letter, letter + ".reason"]
     reason = server.local(f"{repo}/indead/{letter}.reason").read_text()
     assert reason.startswith("overflow: 1 message(s)") and "max_messages is 1" in reason
     assert server.local(f"{repo}/indead/{letter}").read_bytes() == b"overflowed"
@@ -107,8 +106,8 @@ def test_dead_letter_at_the_bound_lands_in_indead_with_its_reason(server: Server
     assert d2.reason is not None and d2.reason.startswith("overflow: ")
     assert d1.envelope is not None and d1.envelope.headers.priority == 7
     assert d1.envelope.properties == {"region": "eu"}
-    assert _files(server, repo, "inbox") == [first.rsplit("/", 1)[1]]
-    assert not _files(server, repo, "instage") and client.runtime.journal.endpoint("ep").pending() == []
+    assert area_files(server, repo, "inbox") == [first.rsplit("/", 1)[1]]
+    assert not area_files(server, repo, "instage") and client.runtime.journal.endpoint("ep").pending() == []
 
 
 def test_cli_exit_status_and_dlq_reason(pyftpdlib_server: ServerHandle, tmp_path: Path) -> None:
@@ -128,7 +127,8 @@ def test_cli_exit_status_and_dlq_reason(pyftpdlib_server: ServerHandle, tmp_path
         assert refused.returncode == 6, refused.stderr
         assert refused.stderr.startswith("ftpbc: queue full: ") and "max_messages is 1" in refused.stderr
         assert refused.stdout == ""
-    assert len(_files(handle, f"{base}/rej", "inbox")) == 1 and not _files(handle, f"{base}/rej", "instage")
+    assert len(area_files(handle, f"{base}/rej", "inbox")) == 1
+    assert not area_files(handle, f"{base}/rej", "instage")
     for name in ("send", "request"):
         shown = run_ftpbc(name, "--help", env=env)
         assert shown.returncode == 0 and "6 when the endpoint's queue" in " ".join(shown.stdout.split())
@@ -161,13 +161,13 @@ def test_a_dead_letter_send_killed_is_recovered_like_any_send(pyftpdlib_server: 
     assert killed.returncode == -9, killed.stderr
     recovered = run_ftpbc("recover", "-c", str(cfg), "--node-id", "cli", env=ftpbc_env())
     assert recovered.returncode == 0, recovered.stderr
-    dead = _files(handle, repo, "indead")
+    dead = area_files(handle, repo, "indead")
     if point == "send.after-put":
         assert dead == [] and "rolled back" in recovered.stdout
     else:
         assert len(dead) == 2 and dead[1] == dead[0] + ".reason" and "reason file written" in recovered.stdout
         assert (handle.local(f"{repo}/indead") / dead[1]).read_text().startswith("overflow: ")
-    assert not _files(handle, repo, "instage") and len(_files(handle, repo, "inbox")) == 1
+    assert not area_files(handle, repo, "instage") and len(area_files(handle, repo, "inbox")) == 1
     journal = Journal(tmp_path / "journals", "cli")
     try:
         assert journal.all_pending() == {}
@@ -216,9 +216,9 @@ def test_concurrent_producers_overshoot_by_s_minus_1_at_most(server: ServerHandl
         endpoints = {"ep": {"repository": repo, **FAST, "max_messages": limit}}
         sent = _fill([_client(server, tmp_path, f"{name}{i}", endpoints, things) for i in range(clients)],
                      threads_each)
-        depth = len(_files(server, repo, "inbox"))
+        depth = len(area_files(server, repo, "inbox"))
         assert depth == sum(sent), sent  # every send that returned is in the inbox, no other
-        assert not _files(server, repo, "instage") and not _files(server, repo, "indead")
+        assert not area_files(server, repo, "instage") and not area_files(server, repo, "indead")
         return depth
 
     assert race("solo", 1, 8) == limit
@@ -243,7 +243,7 @@ def test_a_transaction_counts_against_the_bound_all_or_none(server: ServerHandle
 
     def nothing_left() -> bool:
         pending = client.runtime.journal.all_pending()
-        return not pending and not any(_files(server, f"{base}/{ep}", d)
+        return not pending and not any(area_files(server, f"{base}/{ep}", d)
                                        for ep in endpoints for d in ("instage", "indead"))
 
     # three more for ep would be four: refused as a whole, free's member rolled back with them
@@ -255,24 +255,26 @@ def test_a_transaction_counts_against_the_bound_all_or_none(server: ServerHandle
     err = full.value
     # the third member found the listed one plus the two members before it
     assert (err.endpoint, err.limit, err.bound, err.messages, err.filed) == ("ep", "max_messages", 3, 3, None)
-    assert len(_files(server, f"{base}/ep", "inbox")) == 1 and _files(server, f"{base}/free", "inbox") == []
+    assert len(area_files(server, f"{base}/ep", "inbox")) == 1
+    assert area_files(server, f"{base}/free", "inbox") == []
     assert nothing_left()
     # two fit exactly
     with client.transaction() as tx:
         tx.send("ep", b"a")
         tx.submit("ep", b"b")
-    assert tx.state == "done" and len(_files(server, f"{base}/ep", "inbox")) == 3
+    assert tx.state == "done" and len(area_files(server, f"{base}/ep", "inbox")) == 3
     # max_bytes with dead_letter: 6 + 6 bytes pass 10, so the transaction is refused, nothing filed
     with pytest.raises(QueueFull) as over, client.transaction() as tx:
         tx.send("dl", b"123456")
         tx.send("dl", b"abcdef")
     refused = over.value
     assert (refused.limit, refused.waiting_bytes, refused.size, refused.filed) == ("max_bytes", 6, 6, None)
-    assert _files(server, f"{base}/dl", "inbox") == [] and nothing_left()
+    assert area_files(server, f"{base}/dl", "inbox") == [] and nothing_left()
     # by hand: commit() raises, and the transaction is over
     tx = client.transaction()
     tx.send("ep", b"no room")
     with pytest.raises(QueueFull):
         tx.commit()
-    assert tx.state == "rolled back" and len(_files(server, f"{base}/ep", "inbox")) == 3 and nothing_left()
+    assert tx.state == "rolled back" and len(area_files(server, f"{base}/ep", "inbox")) == 3
+    assert nothing_left()
     client.send("dl", b"1234567890")  # the bound itself: a single send still fits exactly

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,47 +14,14 @@ import pytest
 
 from ftpbc.client import Client
 from ftpbc.exchange.envelope import FtpbcCodec
-from ftpbc.exchange.message import Message
 from ftpbc.journal import Journal
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config, write_config
 from tests.servers.handle import ServerHandle
-from tests.support import ftpbc_env, run_ftpbc, wait_until
+from tests.support import Seen, area_files, ftpbc_env, run_ftpbc, wait_until
 
 FAST = {"poll_interval": 0.02, "workers": 2, "timeout": 20}
 PAST = "20200101T000000.000Z"
-
-
-class Seen:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.names: list[str] = []
-
-    def handler(self, message: Message) -> bytes:
-        body = message.body
-        with self.lock:
-            self.names.append(message.name)
-        return body
-
-    def count(self) -> int:
-        with self.lock:
-            return len(self.names)
-
-
-@pytest.fixture
-def things() -> Iterator[list[Any]]:
-    started: list[Any] = []
-    yield started
-    for thing in reversed(started):
-        if isinstance(thing, Node):
-            thing.stop(drain_timeout=5)
-        else:
-            thing.close()
-
-
-def _files(handle: ServerHandle, repo: str, directory: str) -> list[str]:
-    path = handle.local(f"{repo}/{directory}")
-    return sorted(p.name for p in path.iterdir()) if path.exists() else []
 
 
 def _bury(handle: ServerHandle, repo: str, name: str, stamp: str, body: bytes, reason: str | None) -> str:
@@ -99,11 +64,12 @@ def test_exhausted_deliveries_become_dead_letters(vsftpd_server: ServerHandle, t
     fd = os.open(inbox / bad, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.write(fd, b"secret")
     os.close(fd)
-    wait_until(lambda: len(_files(handle, repo, "indead")) == 2, timeout=20, what="the dead letter")
-    letter, reason = _files(handle, repo, "indead")
+    wait_until(lambda: len(area_files(handle, repo, "indead")) == 2, timeout=20, what="the dead letter")
+    letter, reason = area_files(handle, repo, "indead")
     assert letter.startswith(f"msg.{bad[4:40]};p=6;n=1;.regionS=eu~prov~") and reason == letter + ".reason"
     assert "delivery 2 of 2 failed" in (handle.local(f"{repo}/indead") / reason).read_text()
-    assert not _files(handle, repo, "inerror") and not _files(handle, repo, "inbox") and not seen.names
+    assert not area_files(handle, repo, "inerror") and not area_files(handle, repo, "inbox")
+    assert not seen.names
     client = Client(in_process_config(handle, tmp_path, "cli", endpoints))
     things.append(client)
     [d] = client.dead_letters("ep").listing()
@@ -132,10 +98,10 @@ def test_dead_letters_list_select_replay_and_purge(server: ServerHandle, tmp_pat
     assert letters.body(two) == b"two"
     done = letters.replay(letters.find([u1, u2]))
     assert [o.startswith("replayed") for _, o in done] == [True, True]
-    inbox = _files(server, repo, "inbox")
+    inbox = area_files(server, repo, "inbox")
     # delivery count reset, expiration dropped, everything else kept
     assert sorted(inbox) == sorted([f"msg.{u1};.regionS=eu", f"req.{u2};p=7;.regionS=us"])
-    assert [n for n in _files(server, repo, "indead")] == [f"msg.{u3}~node-x~20260101T000003.000Z"]
+    assert [n for n in area_files(server, repo, "indead")] == [f"msg.{u3}~node-x~20260101T000003.000Z"]
     # the replayed request is served and its caller's collect gets the answer
     seen = Seen()
     node = Node(in_process_config(server, tmp_path, "prov", endpoints), handlers={"ep": seen.handler})
@@ -144,7 +110,7 @@ def test_dead_letters_list_select_replay_and_purge(server: ServerHandle, tmp_pat
     assert client.collect("ep", u2) == b"two"
     wait_until(lambda: seen.count() == 2, what="both replayed messages served")
     assert letters.purge(letters.listing()) == 1
-    assert not _files(server, repo, "indead")
+    assert not area_files(server, repo, "indead")
 
 
 def test_ftpbc_dlq_commands(pyftpdlib_server: ServerHandle, tmp_path: Path) -> None:
@@ -179,10 +145,10 @@ def test_ftpbc_dlq_commands(pyftpdlib_server: ServerHandle, tmp_path: Path) -> N
     replayed = dlq("replay", "--selector", "region IS NOT NULL", "--json")
     assert replayed.returncode == 0, replayed.stderr
     assert sorted(r["id"] for r in json.loads(replayed.stdout)) == sorted([u1, u2])
-    assert len(_files(handle, repo, "inbox")) == 2
+    assert len(area_files(handle, repo, "inbox")) == 2
     purged = dlq("purge", "--all")
     assert purged.returncode == 0 and "1 dead letter(s) purged" in purged.stdout
-    assert not _files(handle, repo, "indead")
+    assert not area_files(handle, repo, "indead")
 
 
 @pytest.mark.parametrize("point", ["replay.after-intent", "replay.after-rename", "replay.after-intent@2",
@@ -206,9 +172,9 @@ def test_a_replay_killed_at_any_point_neither_loses_nor_duplicates(pyftpdlib_ser
     assert "replay finished" in recovered.stdout
     nth = int(point.partition("@")[2] or 1)
     codec = FtpbcCodec()
-    inbox = [codec.decode(n, direction="in") for n in _files(handle, repo, "inbox")]
+    inbox = [codec.decode(n, direction="in") for n in area_files(handle, repo, "inbox")]
     in_box = sorted(e.headers.id for e in inbox if e is not None)
-    dead = _files(handle, repo, "indead")
+    dead = area_files(handle, repo, "indead")
     letters = [n for n in dead if not n.endswith(".reason")]
     still_dead = sorted(n.split(";")[0].split("~")[0].split(".", 1)[1] for n in letters)
     assert sorted(in_box + still_dead) == sorted(ids)  # each exactly once

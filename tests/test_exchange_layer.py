@@ -20,36 +20,15 @@ import pytest
 from ftpbc.client import Client
 from ftpbc.config.models import Config
 from ftpbc.exchange.envelope import DropboxmqCodec
-from ftpbc.exchange.message import Message
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config
 from tests.servers.handle import ServerHandle
-from tests.support import wait_until
+from tests.support import Seen, wait_until
 
 FAST = {"poll_interval": 0.02, "workers": 2, "timeout": 20}
 #: DropboxMQ's documented example, its expiration moved from 2006 to 2100: an expired message is
 #: never delivered (docs/queues.md)
 DROPBOXMQ_NAME = "4.1140429201295000-9262574723.T.4102444800000.corr1283.TestQueue1.XYZType.prop1S=hello"
-
-
-class Seen:
-    """What a handler was given, thread-safe."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.messages: list[Message] = []
-        self.bodies: list[bytes] = []
-
-    def handler(self, message: Message) -> bytes:
-        body = message.body
-        with self.lock:
-            self.messages.append(message)
-            self.bodies.append(body)
-        return body
-
-    def count(self) -> int:
-        with self.lock:
-            return len(self.messages)
 
 
 @pytest.fixture

@@ -4,9 +4,7 @@ indead with ``expired: dead_letter``) with its reason, a request's caller gets R
 
 from __future__ import annotations
 
-import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,50 +13,14 @@ import pytest
 from ftpbc.client import Client
 from ftpbc.errors import RequestExpired
 from ftpbc.exchange.envelope import EXPIRED_TYPE, FtpbcCodec
-from ftpbc.exchange.message import Message
 from ftpbc.journal import Journal
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config, write_config
 from tests.servers.handle import ServerHandle
-from tests.support import ftpbc_env, run_ftpbc, wait_until
+from tests.support import Seen, area_files, drop_message, ftpbc_env, run_ftpbc, wait_until
 
 FAST = {"poll_interval": 0.02, "workers": 2, "timeout": 20}
 PAST = "20200101T000000.000Z"
-
-
-class Seen:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.bodies: list[bytes] = []
-
-    def handler(self, message: Message) -> bytes:
-        body = message.body
-        with self.lock:
-            self.bodies.append(body)
-        return body
-
-
-@pytest.fixture
-def things() -> Iterator[list[Any]]:
-    started: list[Any] = []
-    yield started
-    for thing in reversed(started):
-        if isinstance(thing, Node):
-            thing.stop(drain_timeout=5)
-        else:
-            thing.close()
-
-
-def _files(handle: ServerHandle, repo: str, directory: str) -> list[str]:
-    path = handle.local(f"{repo}/{directory}")
-    return sorted(p.name for p in path.iterdir()) if path.exists() else []
-
-
-def _drop(handle: ServerHandle, repo: str, name: str, body: bytes) -> None:
-    inbox = handle.local(f"{repo}/inbox")
-    tmp = handle.local(f"{repo}/instage") / (name + "~test")
-    tmp.write_bytes(body)
-    tmp.rename(inbox / name)
 
 
 def test_expired_messages_are_never_delivered(server: ServerHandle, tmp_path: Path,
@@ -72,9 +34,9 @@ def test_expired_messages_are_never_delivered(server: ServerHandle, tmp_path: Pa
     # A one-way message and a request that expired before any provider saw them, beside a
     # live message.
     stale = f"msg.{uuid.uuid4()};e={PAST}"
-    _drop(server, repo, stale, b"stale")
+    drop_message(server, repo, stale, b"stale")
     uid = str(uuid.uuid4())
-    _drop(server, repo, f"req.{uid};e={PAST}", b"stale request")
+    drop_message(server, repo, f"req.{uid};e={PAST}", b"stale request")
     seen = Seen()
     node = Node(in_process_config(server, tmp_path, "prov", endpoints), handlers={"ep": seen.handler})
     things.append(node)
@@ -87,17 +49,17 @@ def test_expired_messages_are_never_delivered(server: ServerHandle, tmp_path: Pa
     with pytest.raises(RequestExpired):
         client.request("ep", b"too late", ttl=0.001)
     assert client.request("ep", b"fresh", ttl=60) == b"fresh"
-    wait_until(lambda: len(_files(server, repo, "inexpired")) == 6, what="three expired messages filed")
+    wait_until(lambda: len(area_files(server, repo, "inexpired")) == 6, what="three expired messages filed")
     assert seen.bodies == [b"fresh"]
-    filed = _files(server, repo, "inexpired")
+    filed = area_files(server, repo, "inexpired")
     assert any(n.startswith(f"{stale}~prov~") and not n.endswith(".reason") for n in filed)
     reasons = [n for n in filed if n.endswith(".reason")]
     text = (server.local(f"{repo}/inexpired") / reasons[0]).read_text()
     assert "expired at" in text and "never delivered" in text
-    assert not _files(server, repo, "inbox") and not _files(server, repo, "inselect")
-    assert not _files(server, repo, "inerror") and not _files(server, repo, "indead")
+    assert not area_files(server, repo, "inbox") and not area_files(server, repo, "inselect")
+    assert not area_files(server, repo, "inerror") and not area_files(server, repo, "indead")
     # The expiry replies were collected like any response; nothing is pending anywhere.
-    collected = _files(server, repo, "outarchive")
+    collected = area_files(server, repo, "outarchive")
     assert len(collected) == 3
     node.stop(drain_timeout=5)
     things.remove(node)
@@ -121,17 +83,17 @@ def test_expired_dead_letter_keeps_the_message_in_indead(pyftpdlib_server: Serve
     things.append(client)
     client.runtime.lifecycle("ep")
     stale = f"msg.{uuid.uuid4()};p=7;e={PAST};.regionS=eu"
-    _drop(handle, repo, stale, b"keep me")
+    drop_message(handle, repo, stale, b"keep me")
     seen = Seen()
     node = Node(in_process_config(handle, tmp_path, "prov", endpoints), handlers={"ep": seen.handler})
     things.append(node)
     node.start()
-    wait_until(lambda: len(_files(handle, repo, "indead")) == 2, what="the dead letter")
-    letter, reason = _files(handle, repo, "indead")
+    wait_until(lambda: len(area_files(handle, repo, "indead")) == 2, what="the dead letter")
+    letter, reason = area_files(handle, repo, "indead")
     assert letter.startswith(f"{stale}~prov~") and reason == letter + ".reason"
     assert (handle.local(f"{repo}/indead") / letter).read_bytes() == b"keep me"
     assert "expired at" in (handle.local(f"{repo}/indead") / reason).read_text()
-    assert not _files(handle, repo, "inexpired") and not seen.bodies
+    assert not area_files(handle, repo, "inexpired") and not seen.bodies
 
 
 def test_a_sweep_files_expired_messages_from_a_listing(pyftpdlib_server: ServerHandle, tmp_path: Path,
@@ -145,15 +107,15 @@ def test_a_sweep_files_expired_messages_from_a_listing(pyftpdlib_server: ServerH
     things.append(client)
     lc = client.runtime.lifecycle("ep")
     uid = str(uuid.uuid4())
-    _drop(handle, repo, f"req.{uid};e={PAST}", b"q")
-    _drop(handle, repo, f"msg.{uuid.uuid4()}", b"live")
+    drop_message(handle, repo, f"req.{uid};e={PAST}", b"q")
+    drop_message(handle, repo, f"msg.{uuid.uuid4()}", b"live")
     assert [c.envelope.headers.kind for c in lc.waiting()] == ["oneway"]
     assert lc.expire(lc.take_expired()) == 1
     assert lc.take_expired() == []
-    [reply] = _files(handle, repo, "outbox")
+    [reply] = area_files(handle, repo, "outbox")
     env = FtpbcCodec().decode(reply, direction="out")
     assert env is not None and env.headers.type == EXPIRED_TYPE and env.headers.correlation_id == uid
-    assert len(_files(handle, repo, "inexpired")) == 2 and len(_files(handle, repo, "inbox")) == 1
+    assert len(area_files(handle, repo, "inexpired")) == 2 and len(area_files(handle, repo, "inbox")) == 1
     with pytest.raises(RequestExpired):
         client.collect("ep", uid, timeout=20)
 

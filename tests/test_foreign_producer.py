@@ -11,39 +11,16 @@ from __future__ import annotations
 import ftplib
 import io
 import os
-import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import paramiko
-import pytest
 
-from ftpbc.exchange.message import Message
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config
 from tests.servers.handle import ServerHandle
-from tests.support import wait_until
-
-
-class Order:
-    """Records, in order, what the handler was given."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.messages: list[Message] = []
-        self.bodies: list[bytes] = []
-
-    def handler(self, message: Message) -> None:
-        body = message.body  # the spool is only there during the call
-        with self.lock:
-            self.messages.append(message)
-            self.bodies.append(body)
-
-    def count(self) -> int:
-        with self.lock:
-            return len(self.messages)
+from tests.support import Seen, wait_until
 
 
 def _drop(handle: ServerHandle, repo: str, name: str, body: bytes) -> None:
@@ -92,16 +69,8 @@ def _client_context(handle: ServerHandle) -> Any:
     return ssl.create_default_context(cafile=str(handle.options["ca_file"]))
 
 
-@pytest.fixture
-def nodes() -> Iterator[list[Node]]:
-    started: list[Node] = []
-    yield started
-    for node in started:
-        node.stop(drain_timeout=5)
-
-
 def test_priority_and_properties_set_by_a_foreign_producer_through_the_name(
-        server: ServerHandle, tmp_path: Path, nodes: list[Node]) -> None:
+        server: ServerHandle, tmp_path: Path, things: list[Any]) -> None:
     base = server.fresh_dir()
     repo = f"{base}/ep"
     for d in ("", "/instage", "/inbox"):
@@ -113,10 +82,10 @@ def test_priority_and_properties_set_by_a_foreign_producer_through_the_name(
     _drop(server, repo, f"msg.{urgent};p=9;c=order%2042;.urgentB=true;.noteS=a%20b%3Bc", b"urgent")
     os.utime(server.local(f"{repo}/inbox/msg.{old};.regionS=emea;.retryI=2;.ratioD=0.25"), (1, 1))
 
-    order = Order()
+    order = Seen()
     endpoints = {"ep": {"repository": repo, "poll_interval": 0.05, "workers": 1, "max_per_poll": 1}}
     node = Node(in_process_config(server, tmp_path, "prov", endpoints), handlers={"ep": order.handler})
-    nodes.append(node)
+    things.append(node)
     node.start()
     wait_until(lambda: order.count() == 2, timeout=30, what="both messages to be served")
 

@@ -4,8 +4,6 @@ defaults for priority and ttl."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,48 +13,19 @@ import pytest
 from ftpbc.cli.options import typed_value
 from ftpbc.client import Client
 from ftpbc.exchange.envelope import FtpbcCodec
-from ftpbc.exchange.message import Message
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config, write_config
 from tests.servers.handle import ServerHandle
-from tests.support import ftpbc_env, run_ftpbc, wait_until
+from tests.support import Seen, ftpbc_env, run_ftpbc, wait_until
 
 FAST = {"poll_interval": 0.02, "workers": 2, "timeout": 20}
-
-
-class Seen:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.messages: list[Message] = []
-
-    def handler(self, message: Message) -> bytes:
-        body = message.body
-        with self.lock:
-            self.messages.append(message)
-        return b"re: " + body
-
-    def count(self) -> int:
-        with self.lock:
-            return len(self.messages)
-
-
-@pytest.fixture
-def things() -> Iterator[list[Any]]:
-    """Nodes and clients to stop at the end, whatever happened."""
-    started: list[Any] = []
-    yield started
-    for thing in reversed(started):
-        if isinstance(thing, Node):
-            thing.stop(drain_timeout=5)
-        else:
-            thing.close()
 
 
 def test_options_travel_from_client_to_handler(server: ServerHandle, tmp_path: Path,
                                                things: list[Any]) -> None:
     base = server.fresh_dir()
     endpoints = {"ep": {"repository": f"{base}/ep", **FAST}}
-    seen = Seen()
+    seen = Seen(reply=lambda body: b"re: " + body)
     node = Node(in_process_config(server, tmp_path, "prov", endpoints), handlers={"ep": seen.handler})
     things.append(node)
     node.start()
@@ -135,7 +104,7 @@ def test_cli_send_and_request_options(pyftpdlib_server: ServerHandle, tmp_path: 
     assert env_.headers.expiration is not None
     assert dict(env_.properties) == {"region": "eu", "n": 3, "ok": True, "ratio": 0.5, "zip": 1234,
                                      "word": "1e", "empty": ""}
-    seen = Seen()
+    seen = Seen(reply=lambda body: b"re: " + body)
     node = Node(in_process_config(handle, tmp_path, "prov", endpoints), handlers={"ep": seen.handler})
     things.append(node)
     node.start()

@@ -6,11 +6,8 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from ftpbc.client import Client
 from ftpbc.exchange.message import Message
@@ -42,17 +39,6 @@ class Order:
     def seen(self) -> list[int]:
         with self.lock:
             return list(self.priorities)
-
-
-@pytest.fixture
-def things() -> Iterator[list[Any]]:
-    started: list[Any] = []
-    yield started
-    for thing in reversed(started):
-        if isinstance(thing, Node):
-            thing.stop(drain_timeout=5)
-        else:
-            thing.close()
 
 
 def _drop(inbox: Path, name: str, when: float) -> None:

@@ -5,7 +5,6 @@ differs) gets an error reply, with the reason, in the request's own outbox."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +36,6 @@ def config(handle: ServerHandle, workdir: Path, node_id: str, eps: dict[str, dic
         "endpoints": {name: {"server": "other" if name in (other_server or ()) else SERVER, **ep}
                       for name, ep in eps.items()},
     })
-
-
-@pytest.fixture
-def things() -> Iterator[list[Any]]:
-    started: list[Any] = []
-    yield started
-    for thing in reversed(started):
-        if isinstance(thing, Node):
-            thing.stop(drain_timeout=5)
-        else:
-            thing.close()
 
 
 def files(handle: ServerHandle, repo: str, directory: str) -> list[str]:

@@ -191,14 +191,15 @@ def live_elsewhere(state_dir: Path, node_id: str, lease: float) -> str | None:
         return None
     host = fields[2] if len(fields) > 2 else _HOST
     pid = int(fields[0]) if fields[0].isdigit() else 0
-    if host == _HOST and (pid == os.getpid() or not _alive(pid)):
+    if host == _HOST and (pid == os.getpid() or not process_alive(pid)):
         return None
     where = f"host {host}" if host != _HOST else f"process {pid} of this host"
     return (f"node id {node_id!r} is live on {where} (heartbeat {age:.0f} s ago in {path.parent}); give "
             f"this node another id (--node-id), or wait {lease - age:.0f} s if that node is gone")
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process of this host with that pid exists (another user's counts)."""
     if pid <= 0:
         return False
     try:

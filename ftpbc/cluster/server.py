@@ -74,7 +74,7 @@ from datetime import datetime
 from pathlib import Path, PurePath, PurePosixPath
 
 from ftpbc.cluster.coordination import Coordination, Health
-from ftpbc.cluster.heartbeat import Heartbeat, HeartbeatInfo, beat_info
+from ftpbc.cluster.heartbeat import Heartbeat, HeartbeatInfo, beat_info, process_alive
 from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.errors import FtpbcError, NotFound, OutcomeUnknown, SequenceError
 from ftpbc.sequences import (
@@ -315,7 +315,7 @@ class ServerCoordination(Coordination):
         fields = buf.getvalue().decode("ascii", "replace").split()
         pid = int(fields[0]) if fields and fields[0].isdigit() else 0
         host = fields[3] if len(fields) > 3 else "?"
-        if host == HOST and (pid == os.getpid() or not _alive(pid)):
+        if host == HOST and (pid == os.getpid() or not process_alive(pid)):
             return None
         where = f"host {host}" if host != HOST else f"process {pid} of this host"
         return (f"node id {self.node_id!r} is live on {where} (heartbeat {age:.0f} s ago in "
@@ -372,18 +372,6 @@ class ServerCoordination(Coordination):
                     lock.renew()
                 except Exception as exc:  # the renewer never dies: the lock then expires
                     log.warning("%s: cannot renew: %s: %s", lock.dir, type(exc).__name__, exc)
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ServerHeartbeat(Heartbeat):
