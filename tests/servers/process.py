@@ -125,6 +125,16 @@ def private_root(label: str, uid: int, gid: int) -> Path:
 
 
 @dataclass
+
+def terminate(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 5 s; reaped either way."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
 class ForegroundServer:
     """A server daemon run in the foreground: ``argv`` listens on 127.0.0.1:``port``.
 
@@ -159,12 +169,7 @@ class ForegroundServer:
             return
         if self.proc.poll() is None:
             self.drop_connections()
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+            terminate(self.proc)
         self.proc = None
 
     def restart(self) -> None:

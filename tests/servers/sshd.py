@@ -33,7 +33,7 @@ import psutil
 import pytest
 
 from tests.servers.handle import ServerHandle
-from tests.servers.process import accepts, kill_sessions
+from tests.servers.process import accepts, kill_sessions, terminate
 from tests.support import IN_CI, free_port, require_binary, wait_until
 
 #: one user per pytest process: a second test run on the same machine (a developer's beside
@@ -109,12 +109,7 @@ class SshdProcess:
         if self.proc.poll() is None:
             self.resume_connections()
             self.drop_connections()
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+            terminate(self.proc)
         self.proc = None
 
     def restart(self) -> None:

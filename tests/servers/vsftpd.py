@@ -21,7 +21,6 @@ import os
 import pwd
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
@@ -32,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests.servers.handle import ServerHandle
-from tests.servers.process import accepts, kill_sessions
+from tests.servers.process import accepts, kill_sessions, terminate
 from tests.support import IN_CI, free_port, require_binary, wait_until
 
 #: user and PAM service names get a per-run suffix: parallel test runs must not reset each
@@ -76,12 +75,7 @@ class VsftpdProcess:
             return
         if self.proc.poll() is None:
             self.drop_connections()
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+            terminate(self.proc)
         self.proc = None
 
     def restart(self) -> None:
