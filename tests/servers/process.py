@@ -124,8 +124,6 @@ def private_root(label: str, uid: int, gid: int) -> Path:
     return root
 
 
-@dataclass
-
 def terminate(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM, then SIGKILL if it has not exited within 5 s; reaped either way."""
     proc.send_signal(signal.SIGTERM)
@@ -135,6 +133,8 @@ def terminate(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
         proc.wait(timeout=5)
 
+
+@dataclass
 class ForegroundServer:
     """A server daemon run in the foreground: ``argv`` listens on 127.0.0.1:``port``.
 
