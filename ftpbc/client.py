@@ -55,7 +55,7 @@ from ftpbc.exchange.envelope import ERROR_TYPE, EXPIRED_TYPE
 from ftpbc.exchange.layout import AreaLayout, Candidate, PartnerLayout
 from ftpbc.exchange.lifecycle import Claimed, Lifecycle, op_id_for
 from ftpbc.exchange.runtime import MessageOptions, Runtime
-from ftpbc.exchange.selector import Selector, compile_selector
+from ftpbc.exchange.selector import Selector
 from ftpbc.exchange.transaction import Transaction
 from ftpbc.faults import crash_point
 from ftpbc.metrics import NULL_CLIENT_OBSERVER, ClientMetrics, ClientObserver, HttpServer, serve_http
@@ -380,8 +380,7 @@ class Client:
         (higher priority first, then the oldest), without claiming, moving or changing any:
         those ``selector`` selects (a JMS selector, docs/queues.md), at most ``limit``, each
         with its body read when ``bodies`` (docs/queues.md, Browsing)."""
-        sel = compile_selector(selector) if isinstance(selector, str) else selector
-        return browse_box(self.runtime.lifecycle(endpoint), sel, limit=limit, bodies=bodies)
+        return browse_box(self.runtime.lifecycle(endpoint), as_selector(selector), limit=limit, bodies=bodies)
 
     def collect(self, endpoint: str, uuid: str, timeout: float | None = None, *,
                 request_name: str | None = None) -> bytes:

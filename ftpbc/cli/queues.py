@@ -96,7 +96,7 @@ def dlq_list(config_path: str, node_id: str | None, endpoint: str, selector: str
         return
     for d in letters:
         when = d.filed_at.isoformat(timespec="seconds") if d.filed_at else "?"
-        reason = (d.reason or "(no reason file)").splitlines()[0] if d.reason else "(no reason file)"
+        reason = d.reason.splitlines()[0] if d.reason else "(no reason file)"
         click.echo(f"{d.id}\t{when}\t{d.node}\t{d.size} B\t{_headline(d.envelope)}\t{reason}")
     click.echo(f"{len(letters)} dead letter(s) in {endpoint}", err=True)
 

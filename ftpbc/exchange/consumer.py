@@ -275,16 +275,20 @@ class Receiver:
         case it went where a serving node would send it (back, or to the error directory)."""
         lc = self.lifecycle
         spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115 - the delivery owns it
+        delivered = False
         try:
             try:
                 lc.read(claimed, spool)  # type: ignore[arg-type]
-            except UnsafeEntry as exc:  # replaced by a link or a fifo since the claim: moved unopened
-                what = lc.file_error(claimed, f"{type(exc).__name__}: {exc}", refused=True)
-                log.warning("%s: %s is not a file it can read: %s", self.endpoint, claimed.name, what)
-                return None
-            except MessageTooLarge as exc:
-                what = lc.file_error(claimed, f"{type(exc).__name__}: {exc}")
-                log.warning("%s: %s is too large to read: %s", self.endpoint, claimed.name, what)
+            except (UnsafeEntry, MessageTooLarge) as exc:
+                # A link or fifo swapped in since the claim (moved unopened), or too large to read.
+                try:
+                    what = lc.file_error(claimed, f"{type(exc).__name__}: {exc}",
+                                         refused=isinstance(exc, UnsafeEntry))
+                except TransportError as again:
+                    # Not filed: handed to close() and recovery, never left claimed for nobody.
+                    self._strand(claimed, again)
+                    raise exc from None
+                log.warning("%s: %s cannot be delivered: %s; %s", self.endpoint, claimed.name, exc, what)
                 return None
             except NotFound:
                 lc.journal.end(claimed.op_id)  # returned by a sweeper: this identity looked dead
@@ -297,9 +301,10 @@ class Receiver:
                     raise exc from None
                 log.warning("%s: cannot read %s: %s; %s", self.endpoint, claimed.name, exc, what)
                 return None
-        except BaseException:
-            spool.close()
-            raise
+            delivered = True
+        finally:
+            if not delivered:
+                spool.close()  # every path but a delivery: the spool may hold a file on disk
         crash_point("receive.after-read")
         env = claimed.candidate.envelope
         message = Message(self.endpoint, claimed.name, env.headers.id, claimed.size, spool,  # type: ignore[arg-type]

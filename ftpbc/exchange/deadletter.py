@@ -132,8 +132,10 @@ class DeadLetters:
 
     def find(self, idents: Iterable[str], selector: Selector | None = None) -> list[DeadLetter]:
         """The letters named by ``idents`` (a message id, its name in the box or its file name
-        in ``indead``), within ``selector``; ConfigError naming the first that matches none."""
-        letters = self.listing(selector)
+        in ``indead``), within ``selector``; ConfigError naming the first that matches none.
+        Only the letters found have their reason file read (one round trip each), not every
+        letter listed."""
+        letters = self.listing(selector, reasons=False)
         found: dict[str, DeadLetter] = {}
         for ident in idents:
             hits = [d for d in letters if ident in (d.id, d.name, d.file)]
@@ -141,7 +143,9 @@ class DeadLetters:
                 raise ConfigError(f"no dead letter {ident!r} in {self.directory}"
                                   + (f" selected by {selector.text!r}" if selector else ""))
             found.update((d.file, d) for d in hits)
-        return sorted(found.values(), key=lambda d: (d.filed_at is None, d.filed_at or datetime.min, d.file))
+        ordered = sorted(found.values(),
+                         key=lambda d: (d.filed_at is None, d.filed_at or datetime.min, d.file))
+        return [self._with_reason(d) for d in ordered]
 
     def body(self, letter: DeadLetter) -> bytes:
         """The letter's bytes (see :func:`read_listed`)."""
