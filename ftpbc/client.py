@@ -449,26 +449,35 @@ class Client:
         started = time.monotonic()
         try:
             self._send(endpoint, name, uid, body, "request")
-        except BaseException:
+        except BaseException as exc:
             poller.forget(uid)
             if home is not None:
                 home.forget(uid)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                # Interrupted between the rename into place and the send's return: the request
+                # may be in the inbox already, and nobody will wait for its answer.
+                self._withdraw(endpoint, name, uid)
             raise
         self._observer.sent(endpoint)
         try:
             return self._await(poller, uid, fut, timeout, name, started)
         except (RequestTimeout, KeyboardInterrupt, SystemExit):
             poller.forget(uid)
-            lc = self.runtime.lifecycle(endpoint)
-            try:
-                lc.transport.delete(lc.layout.box_path(name))
-                log.info("%s: request %s withdrawn from the inbox", endpoint, uid)
-            except (NotFound, TransportError):
-                pass
+            self._withdraw(endpoint, name, uid)
             raise
         finally:
             if home is not None:
                 home.forget(uid)  # the answer came to the other outbox, or none will
+
+    def _withdraw(self, endpoint: str, name: str, uid: str) -> None:
+        """Delete request ``name`` from the inbox unless a provider claimed it (or it never got
+        there); best effort: a failure leaves it to be served for nobody."""
+        lc = self.runtime.lifecycle(endpoint)
+        try:
+            lc.transport.delete(lc.layout.box_path(name))
+            log.info("%s: request %s withdrawn from the inbox", endpoint, uid)
+        except (NotFound, TransportError):
+            pass
 
     def _poller(self, endpoint: str) -> _ResponsePoller:
         with self._lock:

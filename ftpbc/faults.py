@@ -6,6 +6,8 @@ nemesis (a flaky poll lock).
 Set ``FTPBC_CRASH_AT`` to a point name (``send.after-put``), optionally with ``@N`` to crash at
 the N-th time the point is reached (``serve.after-commit@3``).  Several points may be given,
 separated by commas.  Unset, :func:`crash_point` costs one dictionary lookup.
+``FTPBC_CRASH_SIGNAL`` (``INT``, ``TERM``; default ``KILL``) sends another signal instead, once:
+an interrupt (Ctrl-C) or a stop request arriving at exactly that step.
 
 The points, in the order a request meets them (``POINTS``), sit between every journal write and
 every remote write on both sides, and inside recovery.  Endpoints and transfers share them: both
@@ -56,6 +58,16 @@ def _parse(spec: str) -> dict[str, int]:
 
 _targets = _parse(os.environ.get("FTPBC_CRASH_AT", ""))
 
+
+def _parse_signal(name: str) -> signal.Signals:
+    try:
+        return signal.Signals["SIG" + name.upper().removeprefix("SIG")]
+    except KeyError:
+        raise ValueError(f"FTPBC_CRASH_SIGNAL: unknown signal {name!r} (e.g. KILL, INT, TERM)") from None
+
+
+_signal = _parse_signal(os.environ.get("FTPBC_CRASH_SIGNAL", "KILL"))
+
 #: errors ``FTPBC_FAIL=point=rate,...`` injects (``poll-lock=0.05``: one poll lock in twenty fails
 #: as flock does on an NFS mount without locks)
 FAILURES: dict[str, Callable[[], BaseException]] = {
@@ -85,10 +97,14 @@ def fail_point(name: str) -> None:
 
 
 def crash_point(name: str) -> None:
-    """SIGKILL this process if ``FTPBC_CRASH_AT`` names this point (and its count is reached)."""
+    """SIGKILL this process if ``FTPBC_CRASH_AT`` names this point (and its count is reached);
+    send ``FTPBC_CRASH_SIGNAL`` instead, once, when that is set."""
     if name not in _targets:
         return
     with _lock:
         _seen[name] = _seen.get(name, 0) + 1
-        if _seen[name] >= _targets[name]:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if _seen[name] < _targets[name]:
+            return
+        if _signal != signal.SIGKILL:
+            del _targets[name]  # a signal the process survives comes once
+    os.kill(os.getpid(), _signal)

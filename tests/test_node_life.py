@@ -388,6 +388,29 @@ def test_an_interrupted_request_is_withdrawn(pyftpdlib_server: ServerHandle, tmp
         assert cluster.files("inbox") == []
 
 
+@pytest.mark.parametrize("point", ["send.after-put", "send.after-expose"])
+@pytest.mark.parametrize("sig", ["INT", "TERM"])
+def test_a_request_interrupted_while_it_is_sent_is_withdrawn(pyftpdlib_server: ServerHandle, tmp_path: Path,
+                                                             point: str, sig: str) -> None:
+    """The interrupt arrives inside the send itself (after the staged upload, after the rename
+    into place, before the send returns): the command still exits 130 with no request left in
+    the inbox, and a recovery afterwards leaves nothing staged or pending."""
+    cluster = make_cluster(tmp_path / "w", url=pyftpdlib_server.url, password=pyftpdlib_server.password,
+                           options=pyftpdlib_server.options, repository=pyftpdlib_server.fresh_dir(),
+                           server_root=pyftpdlib_server.root)
+    env = cluster.env(FTPBC_CRASH_AT=point, FTPBC_CRASH_SIGNAL=sig)
+    done = subprocess.run([*FTPBC, "request", "-c", str(cluster.config), "echo", "--data", "q",
+                           "--timeout", "60"], cwd=REPO, env=env, capture_output=True, timeout=60)
+    assert done.returncode == 130, done.stderr.decode()
+    assert b"withdrawn" in done.stderr
+    assert cluster.files("inbox") == []
+    recovered = subprocess.run([*FTPBC, "recover", "-c", str(cluster.config)], cwd=REPO, env=cluster.env(),
+                               capture_output=True, timeout=60)
+    assert recovered.returncode == 0, recovered.stderr.decode()
+    assert cluster.leftovers() == {}
+    assert cluster.pending() == {}
+
+
 # --------------------------------------------------------------------------- servers that limit
 
 

@@ -80,7 +80,7 @@ class LoopGuard:
         self.liveness = liveness
         self.stop = stop
         self.log = logger
-        self._wait = wait_exponential_jitter(initial=first_wait, max=max(max_wait, first_wait),
+        self._wait = wait_exponential_jitter(multiplier=first_wait, max=max(max_wait, first_wait),
                                              jitter=first_wait)
         self._failures = 0
         self._seen: set[tuple[str, str]] = set()
