@@ -67,7 +67,10 @@ def test_exhausted_deliveries_become_dead_letters(vsftpd_server: ServerHandle, t
     wait_until(lambda: len(area_files(handle, repo, "indead")) == 2, timeout=20, what="the dead letter")
     letter, reason = area_files(handle, repo, "indead")
     assert letter.startswith(f"msg.{bad[4:40]};p=6;n=1;.regionS=eu~prov~") and reason == letter + ".reason"
-    assert "delivery 2 of 2 failed" in (handle.local(f"{repo}/indead") / reason).read_text()
+    # The reason file is written after the letter is in place: its upload may still be running.
+    reason_file = handle.local(f"{repo}/indead") / reason
+    wait_until(lambda: reason_file.read_text().endswith("\n"), timeout=20, what="the whole reason")
+    assert "delivery 2 of 2 failed" in reason_file.read_text()
     assert not area_files(handle, repo, "inerror") and not area_files(handle, repo, "inbox")
     assert not seen.names
     client = Client(in_process_config(handle, tmp_path, "cli", endpoints))
