@@ -38,26 +38,18 @@ import sys
 import tempfile
 import threading
 import time
-from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ftpbc.analytics import synthetic
-from ftpbc.analytics.records import UNCOLLECTED, parse_record
+from ftpbc.analytics import plain, synthetic
 from ftpbc.analytics.sources import ARCHIVE_FOLDERS, ArchiveSource
 from ftpbc.config.servers import ServerConfig
 from ftpbc.transport.local import LocalTransport
 
-HOUR_US = 3_600_000_000
 MIB = 2**20
-#: compared between the two sides, per endpoint and bucket
-COUNTS = ("requests", "responses", "errors", "unanswered", "uncollected", "unreadable",
-          "request_bytes", "response_bytes")
-PCTS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms",
-        "service_p50_ms", "service_p95_ms", "service_p99_ms", "service_max_ms")
 
 
 def sources_at(root: str) -> list[ArchiveSource]:
@@ -119,85 +111,26 @@ def load() -> list[float]:
 
 # ----------------------------------------------------------------------------- the two sides
 
-def _pct(values: list[float], q: float) -> float | None:
-    """Linear interpolation between the nearest ranks (numpy's default; Spark's ``percentile``)."""
-    if not values:
-        return None
-    pos = q * (len(values) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
-
-
-def plain_pass(sources: list[ArchiveSource], out: Path) -> list[dict[str, Any]]:
-    """The figures, one process, no Spark: scandir, parse, pair in dicts, sort for percentiles."""
-    req: dict[tuple[str, str | None], dict[str, Any]] = {}
-    rep: dict[tuple[str, str | None], list[dict[str, Any]]] = defaultdict(list)
-    for s in sources:
-        naming = s.naming()
-        for folder in ARCHIVE_FOLDERS:
-            path = Path(s.server.base) / s.folder_path(folder).lstrip("/")
-            if not path.is_dir():
-                continue
-            with os.scandir(path) as it:
-                for de in it:
-                    st = de.stat()
-                    r = parse_record({"endpoint": s.endpoint, "folder": folder, "name": de.name,
-                                      "size": st.st_size, "mtime_us": st.st_mtime_ns // 1000,
-                                      "mtime_prec_us": 1}, naming)
-                    key = (s.endpoint, r["uuid"])
-                    if r["kind"] == "request" and folder in ("inarchive", "inerror"):
-                        req[key] = r
-                    elif r["kind"] in ("response", "error_reply") and folder in ("outarchive", "outerror"):
-                        rep[key].append(r)
-    groups: dict[tuple[str, int], dict[str, Any]] = defaultdict(
-        lambda: {**dict.fromkeys(COUNTS, 0), "lat": [], "svc": []})
-    nodes: dict[tuple[str, int, str], list[int]] = defaultdict(lambda: [0, 0, 0])
-    unanswered_rows = []
-    for key, r in req.items():
-        t0 = r["name_time_us"] if r["name_time_us"] is not None else r["mtime_us"]
-        bucket = t0 - t0 % HOUR_US
-        g = groups[(key[0], bucket)]
-        failed = r["folder"] == "inerror"
-        g["requests"] += 1
-        g["request_bytes"] += r["size"]
-        g["svc"].append((r["stamp_us"] - t0) / 1000)
-        nodes[(key[0], bucket, r["node"])][1 if failed else 0] += 1
-        replies = rep.get(key, [])
-        if not replies:
-            g["unanswered"] += 1
-            g["errors"] += failed
-            unanswered_rows.append((key[0], r["name"], key[1], t0, r["node"], failed))
-            continue
-        g["response_bytes"] += sum(x["size"] for x in replies)
-        g["responses"] += any(x["kind"] == "response" and x["folder"] == "outarchive" for x in replies)
-        g["errors"] += failed or any(x["kind"] == "error_reply" for x in replies)
-        g["uncollected"] += any(x["node"] == UNCOLLECTED for x in replies)
-        g["unreadable"] += any(x["folder"] == "outerror" for x in replies)
-        collected = [x for x in replies if x["folder"] == "outarchive" and x["node"] != UNCOLLECTED]
-        if collected:
-            first = min(collected, key=lambda x: x["stamp_us"])
-            g["lat"].append((first["stamp_us"] - t0) / 1000)
-            nodes[(key[0], bucket, first["node"])][2] += 1
-    rows = []
-    for (ep, b), g in sorted(groups.items()):
-        lat, svc = sorted(g.pop("lat")), sorted(g.pop("svc"))
-        qs = (("p50", .5), ("p95", .95), ("p99", .99))
-        rows.append({"endpoint": ep, "bucket_us": b, **g,
-                     **{f"latency_{n}_ms": _pct(lat, q) for n, q in qs},
-                     "latency_max_ms": lat[-1] if lat else None,
-                     **{f"service_{n}_ms": _pct(svc, q) for n, q in qs},
-                     "service_max_ms": svc[-1] if svc else None})
+def plain_pass(sources: list[ArchiveSource], out: Path) -> dict[str, list[dict[str, Any]]]:
+    """The reference: ``ftpbc.analytics.plain`` (scandir, the same parser, dicts), CSV outputs."""
+    res = plain.run(sources)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "figures.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    with open(out / "nodes.csv", "w", newline="") as fh:
-        csv.writer(fh).writerows([(*k, *v) for k, v in sorted(nodes.items(), key=str)])
-    with open(out / "unanswered.csv", "w", newline="") as fh:
-        csv.writer(fh).writerows(sorted(unanswered_rows, key=lambda r: (r[0], r[3])))
-    return rows
+    for stem, rows in (("figures", res.figures), ("nodes", res.nodes), ("unanswered", res.unanswered)):
+        if rows:
+            with open(out / f"{stem}.csv", "w", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+                w.writeheader()
+                w.writerows(rows)
+    return {"figures": res.figures, "nodes": res.nodes, "unanswered": res.unanswered}
+
+
+def _jsonable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows as JSON for the parent process; times as naive UTC ISO text (Parquet gives aware ones)."""
+    def text(v: Any) -> Any:
+        if isinstance(v, datetime):
+            return (v.astimezone(UTC).replace(tzinfo=None) if v.tzinfo else v).isoformat()
+        return v
+    return [{k: text(v) for k, v in r.items()} for r in rows]
 
 
 def side_spark(root: Path, out: Path) -> dict[str, Any]:
@@ -215,9 +148,12 @@ def side_spark(root: Path, out: Path) -> dict[str, Any]:
         job_s = time.perf_counter() - t
         jvm = _java_hwm(jvm_pid)
         spark.stop()
-    rows = [{**{k: r[k] for k in (*COUNTS, *PCTS)}, "endpoint": r["endpoint"],
-             "bucket_us": int(r["bucket"].timestamp()) * 1_000_000}
-            for r in res.figures]
+    import pyarrow.parquet as pq
+
+    unanswered = pq.read_table(out / "unanswered").to_pylist()
+    unanswered.sort(key=lambda r: (r["endpoint"], r["submitted"] is not None, r["submitted"], r["name"]))
+    rows = {"figures": _jsonable(res.figures), "nodes": _jsonable(res.nodes),
+            "unanswered": _jsonable(unanswered)}
     return {"start_s": start_s, "job_s": job_s, "driver_peak_rss": vm_hwm(), "jvm_peak_rss": jvm,
             "workers_peak_rss_sampled": workers.peak, "rows": rows}
 
@@ -237,7 +173,8 @@ def _java_hwm(launcher_pid: int) -> int | None:
 def side_plain(root: Path, out: Path) -> dict[str, Any]:
     t = time.perf_counter()
     rows = plain_pass(sources_at(str(root)), out)
-    return {"job_s": time.perf_counter() - t, "driver_peak_rss": vm_hwm(), "rows": rows}
+    job_s = time.perf_counter() - t
+    return {"job_s": job_s, "driver_peak_rss": vm_hwm(), "rows": {k: _jsonable(v) for k, v in rows.items()}}
 
 
 # ----------------------------------------------------------------------------- the run
@@ -271,18 +208,14 @@ def run_side(side: str, root: Path, out: Path) -> dict[str, Any]:
     return result
 
 
-def compare(spark_rows: list[dict[str, Any]], plain_rows: list[dict[str, Any]]) -> None:
-    """Both sides computed the same figures (else the timing compares different work)."""
-    a = {(r["endpoint"], r["bucket_us"]): r for r in spark_rows}
-    b = {(r["endpoint"], r["bucket_us"]): r for r in plain_rows}
-    assert set(a) == set(b), (len(a), len(b))
-    for key, ra in a.items():
-        rb = b[key]
-        for k in COUNTS:
-            assert ra[k] == rb[k], (key, k, ra[k], rb[k])
-        for k in PCTS:
-            assert (ra[k] is None) == (rb[k] is None) and (ra[k] is None or abs(ra[k] - rb[k]) < 1e-6), \
-                (key, k, ra[k], rb[k])
+def compare(spark_rows: dict[str, list[dict[str, Any]]], plain_rows: dict[str, list[dict[str, Any]]]) -> None:
+    """Both sides computed the very same outputs (else the timing compares different work):
+    figures, per-node figures and the unanswered list, row by row, every column, exactly."""
+    for what in ("figures", "nodes", "unanswered"):
+        a, b = spark_rows[what], plain_rows[what]
+        assert len(a) == len(b), (what, len(a), len(b))
+        for ra, rb in zip(a, b, strict=True):
+            assert ra == rb, (what, ra, rb)
 
 
 def one_size(n: int, archives: Path, work: Path) -> dict[str, Any]:

@@ -66,6 +66,33 @@ def fill_inbox(target: Target, count: int, size: int, prefix: str = "msg.",
     return names
 
 
+#: hard links one source file takes at most (ext4 allows 65,000)
+LINKS_PER_SOURCE = 60_000
+
+
+def fill_linked(target: Target, count: int, size: int, prefix: str = "msg.") -> None:
+    """Like :func:`fill_inbox`, fast enough for a million: every name a hard link to one of a
+    few source files of ``size`` bytes (written once each, next to the exchange area), made
+    with ``os.link`` relative to the inbox's descriptor.  The names are the ones a sender
+    gives (``msg.<uuid4>``); files of one source share its mtime, so the oldest-first order
+    among them falls back to the names, as for any files listed with the same time."""
+    inbox = Path(target["root"]) / rel(area().dir("in", "box"))
+    sources = Path(target["root"]) / "fill-sources"
+    sources.mkdir(exist_ok=True)
+    body = os.urandom(size)
+    box = os.open(inbox, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        source = ""
+        for i in range(count):
+            if i % LINKS_PER_SOURCE == 0:
+                source = str(sources / f"source-{i // LINKS_PER_SOURCE}")
+                Path(source).write_bytes(body)
+                os.chmod(source, 0o666)
+            os.link(source, f"{prefix}{uuid.uuid4()}", dst_dir_fd=box)
+    finally:
+        os.close(box)
+
+
 def config(target: Target, workdir: str, node_id: str, endpoints: dict[str, dict[str, Any]], *,
            durable: bool = True, pool_size: int = 4, coordination: str = "state_dir") -> Any:
     """An in-process ftpbc Config for ``target``; every endpoint lives under REPOSITORY.

@@ -22,6 +22,7 @@ from common import (
     config,
     consumed,
     fill_inbox,
+    fill_linked,
     measure,
     peak_rss_mib,
     percentile,
@@ -136,7 +137,10 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
     """``nodes`` nodes consuming ``measure`` of ``backlog`` one-way messages already waiting."""
     p = spec["params"]
     prepare_area(spec["target"])
-    fill_inbox(spec["target"], p["backlog"], p["size"], suffix=_priorities(p))
+    if p.get("fill") == "links":  # a million files: hard links, made in a minute or two
+        fill_linked(spec["target"], p["backlog"], p["size"])
+    else:
+        fill_inbox(spec["target"], p["backlog"], p["size"], suffix=_priorities(p))
     nodes = Nodes(spec, p.get("nodes", 1), _endpoint(spec), "noop")
     try:
         began = nodes.go()

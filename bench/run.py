@@ -114,6 +114,16 @@ def variants(quick: bool, repeats: int | None) -> list[Variant]:
                 {**backlog, "nodes": 4, "lock": "none"}, {**backlog, "nodes": 4}, ["rate", "lost_races"],
                 "ratio>=0.85", reps(1, 3)),
     ]
+    # Issue 17, a million waiting files: the first 10,000 consumed from a large inbox against
+    # ftpbc consuming a small one (its whole 2,000), the node's peak RSS beside.  Filled with
+    # hard links (bench/common.fill_linked): a million files written one by one take minutes.
+    small = {**one_kib, "backlog": 2_000, "measure": 2_000, "poll_interval": 0.05, "nodes": 1,
+             "fill": "links"}
+    for waiting in (100_000,) if q else (100_000, 1_000_000):
+        big = {**small, "backlog": waiting, "measure": 10_000}
+        out.append(Variant("scaling", f"backlog {waiting:,} vs 2,000: first 10,000 vs all 2,000, 1 node "
+                           "(msgs/s; node peak RSS MiB)", "consume", big, small, ["rate", "node_rss_mib"],
+                           "ratio>=0.8,node_rss<300", reps(1, 3), peer="small"))
     # Queue semantics (issue 11); ftpbc on both sides.  "priority": the same consume, only the
     # backlog's names differ (a random priority 0-9 each, against all of the default one): what
     # ordering by priority and cutting claim windows at a priority change cost.  "browse": one
@@ -191,6 +201,11 @@ def verdict(v: Variant, ours: dict[str, float | None],
         ok = ratio >= float(v.target.split(",")[0][7:])
     else:
         ok = ratio <= float(v.target[7:]) * 1.05
+    if "node_rss<" in v.target:
+        limit = float(v.target.split("node_rss<")[1])
+        rss = ours.get("node_rss_mib")
+        ok = ok and rss is not None and rss < limit
+        return f"{ratio:.2f}, node RSS {fmt(rss)} MiB", ok
     if "rss<" in v.target:
         rss = max(x for x in (ours.get("send_rss_mib"), ours.get("recv_rss_mib")) if x is not None)
         ok = ok and rss < 100
@@ -337,7 +352,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short runs (under 10 minutes)")
     parser.add_argument("--servers", default=",".join(KINDS), help="pyftpdlib,vsftpd,sshd")
     parser.add_argument("--cases",
-                        default="send,consume,reqresp,coordination,latency,idle,backlog,large,kombu,others")
+                        default="send,consume,reqresp,coordination,latency,idle,backlog,scaling,large,kombu,"
+                                "others")
     parser.add_argument("--repeats", type=int, default=None, help="runs per side (default per case)")
     parser.add_argument("--output", type=Path, default=RESULTS / "bench.json")
     parser.add_argument("--budget", type=float, default=None,

@@ -6,6 +6,8 @@
         uid = client.submit("quote", b"GBPUSD")     # request now, collect later (any process)
         answer = client.collect("quote", uid, timeout=30)
         m = client.receive("audit", timeout=10)      # pull a one-way message; m.ack() or m.nack()
+        client.publish("orders", b"...")            # to every subscription of a topic (docs/topics.md)
+        with client.subscribe("orders", name="audit") as deliveries: ...
 
 One response poller per endpoint serves every outstanding request of this process: one listing
 of ``outbox`` finds all the responses that have arrived, whatever the number of waiting threads.
@@ -56,6 +58,7 @@ from ftpbc.exchange.layout import AreaLayout, Candidate, PartnerLayout
 from ftpbc.exchange.lifecycle import Claimed, Lifecycle, op_id_for
 from ftpbc.exchange.runtime import MessageOptions, Runtime
 from ftpbc.exchange.selector import Selector
+from ftpbc.exchange.topics import Registry, Subscription, subscriber_name
 from ftpbc.exchange.transaction import Transaction
 from ftpbc.faults import crash_point
 from ftpbc.metrics import NULL_CLIENT_OBSERVER, ClientMetrics, ClientObserver, HttpServer, serve_http
@@ -63,6 +66,12 @@ from ftpbc.metrics import NULL_CLIENT_OBSERVER, ClientMetrics, ClientObserver, H
 log = logging.getLogger("ftpbc.client")
 
 FIRST_BACKOFF = 0.002
+#: how much longer each empty poll waits than the one before, up to poll_interval, while requests
+#: are outstanding.  Gentle: with several callers a response comes every few milliseconds, and
+#: doubling (2, 4, 8, 16 ms...) left a response that came after three empty polls waiting up
+#: to 16 ms (request/response, 8 callers, one node: the response's pick-up was a fifth of the
+#: round trip).  poll_interval is still reached, after about 20 empty polls (0.3 s at 50 ms).
+BACKOFF_GROWTH = 1.25
 #: client identities per node id and host (concurrent ftpbc request/send processes)
 CLIENT_SLOTS = 64
 #: responses found by one poll are read and archived by up to this many threads at once
@@ -90,10 +99,14 @@ class _ResponsePoller:
     def wait_for(self, uuid: str) -> Future[tuple[bytes, bool]]:
         """The future of ``uuid``'s response; callers waiting for the same UUID share one."""
         with self._cv:
+            idle = not self._waiters
             fut = self._waiters.get(uuid)
             if fut is None:
                 fut = self._waiters[uuid] = Future()
-            self._cv.notify_all()
+            if idle:
+                # Wake an idle poller; a polling one takes the new request in at its next poll
+                # (waking it here cost a listing per request, made before any response can be).
+                self._cv.notify_all()
         return fut
 
     def forget(self, uuid: str) -> None:
@@ -126,7 +139,7 @@ class _ResponsePoller:
             with self._cv:
                 if not self._closed:
                     self._cv.wait(delay)
-            delay = min(delay * 2, self.poll_interval)
+            delay = min(delay * BACKOFF_GROWTH, self.poll_interval)
 
     def _poll(self, wanted: set[str]) -> int:
         lc = self.lifecycle
@@ -278,6 +291,9 @@ class Client:
         self._lock = threading.Lock()
         #: (endpoint, uuid) of the requests submit() sent, for collect() to know them
         self._submitted = _Recent()
+        #: the subscription registries used, by topic; the non-durable subscriptions made here
+        self._registries: dict[str, Registry] = {}
+        self._non_durable: list[tuple[str, str]] = []
 
     @property
     def metrics_url(self) -> str | None:
@@ -510,6 +526,89 @@ class Client:
         ``timeout`` seconds pass without a message (None: it waits until the client closes)."""
         return Consumer(self._receiver(endpoint), as_selector(selector), ack, timeout)
 
+    # ------------------------------------------------------------------ topics (docs/topics.md)
+
+    def publish(self, topic: str, body: bytes | str | BinaryIO, **options: Unpack[MessageOptions]) -> str:
+        """Publish a message to ``topic``; return its UUID once it is in the topic's inbox.
+
+        A serving node then copies it into every subscription that existed when it was sent and
+        whose selector selects it.  ``options`` as :meth:`send` (``priority``, ``ttl``,
+        ``properties``, ``correlation_id``, ``type``): the copies carry them."""
+        self._registry(topic)  # ConfigError for a name that is not a topic
+        if "reply_to" in options:
+            raise ValueError("reply_to is for requests: a message published to a topic gets no reply")
+        name, uid = self.runtime.new_message(topic, "oneway", **options)
+        self._send(topic, name, uid, body, "oneway")
+        return uid
+
+    def subscribe(self, topic: str, name: str | None = None, *, durable: bool = True,
+                  selector: str | None = None, ack: AckMode = "auto",
+                  timeout: float | None = None) -> Consumer:
+        """Subscribe to ``topic`` and return the pull consumer of the subscription's messages (as
+        :meth:`consume`: ``with client.subscribe("orders", name="audit") as deliveries: ...``).
+
+        ``durable``: the subscription ``name`` (required) keeps its messages while nobody
+        consumes them, until :meth:`unsubscribe`; subscribing again to it resumes it (same
+        ``selector``, else ValueError).  Non-durable: ``name`` defaults to a fresh one; the
+        subscription is removed with its messages when this client closes, or by a serving
+        node's sweeper once this client's heartbeat is older than the lease.  ``selector``
+        (a JMS selector) chooses the messages copied to it.  Messages published before the
+        subscription was made are not copied to it.
+        """
+        if name is None:
+            if durable:
+                raise ValueError("a durable subscription needs a name (to resume it later)")
+            name = subscriber_name(self.runtime.node_id)
+        self.create_subscription(topic, name, durable=durable, selector=selector)
+        return self.consume(f"{topic}/{name}", ack=ack, timeout=timeout)
+
+    def create_subscription(self, topic: str, name: str, *, durable: bool = True,
+                            selector: str | None = None) -> tuple[Subscription, bool]:
+        """Make subscription ``name`` of ``topic`` without consuming it (``ftpbc topic
+        subscribe``); ``(subscription, made now)``.  An existing one is resumed as
+        :meth:`subscribe` says.  A non-durable one made here is removed when this client closes."""
+        sub, made = self._registry(topic).create(name, durable=durable, selector=selector,
+                                                 owner=self.runtime.node_id)
+        if made and not durable:
+            with self._lock:
+                self._non_durable.append((topic, name))
+        return sub, made
+
+    def unsubscribe(self, topic: str, name: str) -> int:
+        """Remove subscription ``name`` of ``topic`` with every message waiting in it; how many
+        files were removed.  UnknownSubscription if there is none."""
+        removed = self._registry(topic).remove(name)
+        with self._lock:
+            if (topic, name) in self._non_durable:
+                self._non_durable.remove((topic, name))
+        return removed
+
+    def subscriptions(self, topic: str) -> list[Subscription]:
+        """Every subscription of ``topic``, by name."""
+        return self._registry(topic).subscriptions()
+
+    def backlog(self, topic: str, name: str) -> int:
+        """Messages waiting in subscription ``name`` of ``topic``."""
+        return self._registry(topic).backlog(name)
+
+    def _end_non_durable(self) -> None:
+        """Remove the non-durable subscriptions this client made (at close; a failure is left
+        to the sweepers, which remove them once this client's heartbeat is gone)."""
+        with self._lock:
+            subs, self._non_durable = self._non_durable, []
+        for topic, name in subs:
+            try:
+                self._registry(topic).remove(name)
+            except FtpbcError as exc:
+                log.warning("%s/%s: non-durable subscription left for the sweepers: %s", topic, name, exc)
+
+    def _registry(self, topic: str) -> Registry:
+        with self._lock:
+            registry = self._registries.get(topic)
+            if registry is None:
+                registry = self._registries[topic] = Registry(self.runtime, topic)
+            return registry
+
     def _receiver(self, endpoint: str) -> Receiver:
         with self._lock:
             receiver = self._receivers.get(endpoint)
@@ -527,6 +626,7 @@ class Client:
             p.close()
         for r in receivers:
             r.close()  # unsettled deliveries go back now, while the heartbeat still says we live
+        self._end_non_durable()
         self.runtime.heartbeat.stop()
         self.runtime.close()
         if self._metrics_http is not None:

@@ -39,6 +39,10 @@ POINTS = (
     "tx.after-stage", "tx.after-commit-record", "tx.after-first-expose",
     # a pull consumer (Client.receive, consume, ftpbc receive): read, not yet handed over
     "receive.after-read",
+    # a route (routes:): decided, staged at the destination, renamed into place, source committed
+    "route.after-decide", "route.after-stage", "route.after-expose", "route.after-commit",
+    # a topic's fan-out (docs/topics.md): every copy staged, the commit record, the first copy out
+    "fanout.after-stage", "fanout.after-commit-record", "fanout.after-first-expose",
 )
 
 _targets: dict[str, int] = {}

@@ -9,7 +9,7 @@ The handler's invocation log
     :func:`handler` appends ``start <uuid> <node>`` before its work and ``return <uuid> <node>``
     after it, to the file named by ``FTPBC_TEST_HANDLER_LOG`` (``O_APPEND``, one ``write`` per
     line, so a killed node leaves a ``start`` without its ``return``).  Importing this module in a
-    node also wraps :meth:`Lifecycle.record_served` so that ``recorded <uuid> <node>`` is logged
+    node also wraps :meth:`Lifecycle.served_durable` so that ``recorded <uuid> <node>`` is logged
     once the handler's result is durable in the journal: from then on the core promises never to
     run the handler again, so a second ``recorded`` for one UUID is a violation, whereas a second
     ``return`` whose first one was cut short by a kill before its result was recorded is ordinary
@@ -90,18 +90,19 @@ def handler(message: Message) -> bytes:
     return b"re:" + body
 
 
-_original_record_served = Lifecycle.record_served
+_original_served_durable = Lifecycle.served_durable
 
 
-def _record_served_logged(self: Lifecycle, claimed: Any, result: bytes | None, **kw: Any) -> dict[str, str]:
-    fields = _original_record_served(self, claimed, result, **kw)
-    _log_line("recorded", claimed.uuid)
+def _served_durable_logged(self: Lifecycle, served: Any) -> dict[str, str]:
+    # Every path that records a result (record_served, a provider's write_served) ends here.
+    fields = _original_served_durable(self, served)
+    _log_line("recorded", served.claimed.uuid)
     return fields
 
 
 if os.environ.get(LOG_ENV):
     # Only inside the instrumented nodes: the pytest process itself is left untouched.
-    Lifecycle.record_served = _record_served_logged  # type: ignore[method-assign]
+    Lifecycle.served_durable = _served_durable_logged  # type: ignore[method-assign]
 
 
 @dataclass

@@ -141,15 +141,15 @@ def test_a_journal_that_cannot_be_written_hands_the_claim_back(
     from ftpbc.exchange.lifecycle import Lifecycle
 
     failures = {"left": 1}
-    real = Lifecycle.record_served
+    real = Lifecycle.write_served
 
-    def full_disk(self: Lifecycle, claimed: Any, result: Any, **kw: Any) -> dict[str, str]:
+    def full_disk(self: Lifecycle, claimed: Any, result: Any, **kw: Any) -> Any:
         if failures["left"] > 0:
             failures["left"] -= 1
             raise JournalError("journal: No space left on device")
         return real(self, claimed, result, **kw)
 
-    monkeypatch.setattr(Lifecycle, "record_served", full_disk)
+    monkeypatch.setattr(Lifecycle, "write_served", full_disk)
     cfg = _node_config(pyftpdlib_server, tmp_path, "prov", heartbeat_interval=0.2, lease=10.0)
     cfg = cfg.model_copy(update={"endpoints": {"ep": cfg.endpoints["ep"].model_copy(
         update={"redelivery_delay": 0.0})}})

@@ -22,7 +22,6 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -31,7 +30,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ftpbc.analytics.listing import Input
-from ftpbc.analytics.records import PARSED_FIELDS, UNCOLLECTED, ddl
+from ftpbc.analytics.records import PARSED_FIELDS, RAW_FIELDS, UNCOLLECTED, ddl
 
 PERCENTILES = (0.5, 0.95, 0.99)
 
@@ -86,22 +85,62 @@ def defaults(master: str, environ: Mapping[str, str]) -> dict[str, str]:
 
 def read_inputs(spark: SparkSession, inputs: Sequence[Input], namings: Mapping[str, Mapping[str, str]],
                 staging: Path) -> DataFrame:
-    """Parsed records of every input, as one DataFrame over one Parquet dataset (see ``listing``).
+    """Parsed records of every input, as one DataFrame whose names are parsed in the JVM.
 
-    One Spark job lists or reads all inputs at once, one task per input, so folders are listed
-    in parallel and names are parsed where they are listed; only a count per input comes back.
+    ``dir`` inputs are listed here, by the driver, into Parquet files under ``staging``
+    (:mod:`ftpbc.analytics.listing`); mirror parts (JSON lines) and compacted parts (Parquet,
+    metadata columns only) are read by Spark as they are.  Each endpoint's raw rows are then
+    parsed with its naming by Spark SQL functions (:func:`ftpbc.analytics.sqlnames.parse_names`):
+    no Python runs on the executors.
     """
-    from ftpbc.analytics.listing import run_inputs
+    from ftpbc.analytics.listing import write_dir
+    from ftpbc.analytics.sqlnames import parse_names
 
-    schema = ddl(PARSED_FIELDS)
-    if not inputs:
-        return spark.createDataFrame([], schema)
-    fn = partial(run_inputs, namings={k: dict(v) for k, v in namings.items()}, staging=str(staging))
-    counts = (spark.sparkContext.parallelize(list(enumerate(inputs)), numSlices=len(inputs))
-              .mapPartitions(fn).collect())
-    if not any(n for _, n in counts):
-        return spark.createDataFrame([], schema)
-    return spark.read.schema(schema).parquet(str(staging))
+    raw_schema = ddl(RAW_FIELDS)
+    by_endpoint: dict[str, list[DataFrame]] = {}
+    # One staging directory per endpoint (named by its rank: endpoint names need no escaping then).
+    where = {e: staging / f"endpoint-{i}" for i, e in enumerate(sorted(namings))}
+    listed: set[str] = set()
+    for i, inp in enumerate(inputs):
+        if inp.kind == "dir" and write_dir(inp, str(where[inp.endpoint]), i):
+            listed.add(inp.endpoint)
+    for endpoint in sorted(listed):
+        frame = spark.read.schema(raw_schema).parquet(str(where[endpoint]))
+        by_endpoint.setdefault(endpoint, []).append(frame)
+    mirror: dict[str, list[str]] = {}
+    compacted: dict[str, list[str]] = {}
+    for inp in inputs:
+        if inp.kind == "mirror":
+            mirror.setdefault(inp.endpoint, []).append(inp.path)
+        elif inp.kind == "compacted":
+            compacted.setdefault(inp.endpoint, []).append(inp.path)
+    for endpoint, paths in mirror.items():
+        # Records carry their endpoint; one read per endpoint so that each is parsed with its naming.
+        by_endpoint.setdefault(endpoint, []).append(
+            spark.read.schema(raw_schema).json(paths).filter(F.col("endpoint") == endpoint))
+    meta = [n for n, _ in RAW_FIELDS if n != "endpoint"]
+    for endpoint, paths in compacted.items():
+        part = (spark.read.schema(ddl((f, t) for f, t in RAW_FIELDS if f != "endpoint")).parquet(*paths)
+                .select(F.lit(endpoint).alias("endpoint"), *meta))
+        by_endpoint.setdefault(endpoint, []).append(part)
+    parsed: DataFrame | None = None
+    for endpoint in sorted(by_endpoint):
+        frames = by_endpoint[endpoint]
+        raw = frames[0]
+        for other in frames[1:]:
+            raw = raw.unionByName(other)
+        one = parse_names(raw, namings[endpoint])
+        parsed = one if parsed is None else parsed.unionByName(one)
+    if parsed is None:
+        return spark.createDataFrame([], ddl(PARSED_FIELDS))
+    # Parsed once, by one job, into Parquet that the figures then read: the parsing plan is large
+    # (dozens of projections per endpoint) and every later query would otherwise analyse, optimise
+    # and run it again (the pairs, the node names, the unanswered names).  Not filtered here: Spark
+    # pushes a filter on ``kind`` below the projections, inlining the whole parse into the filter,
+    # and then runs it twice per row (measured: 4x slower); ``relevant`` filters what it reads.
+    out = staging / "parsed"
+    parsed.write.mode("overwrite").parquet(str(out))
+    return spark.read.schema(ddl(PARSED_FIELDS)).parquet(str(out))
 
 
 def compacted_inputs(path: Path, endpoints: Sequence[str]) -> list[Input]:

@@ -105,7 +105,8 @@ def run(opts: Options, spark: Any = None) -> Result:
             local = Path(s.server.base) / s.folder_path(folder).lstrip("/")
             if local.is_dir() and any(local.iterdir()):
                 inputs.append(Input("dir", str(local), endpoint=s.endpoint, folder=folder))
-    inputs += [Input("mirror", p) for p in part_files(mirror_root, mirrored)]
+    inputs += [Input("mirror", p, endpoint=s.endpoint)
+               for s in mirrored for p in part_files(mirror_root, [s])]
     compacted = fg.compacted_inputs(opts.compacted or opts.out / "compacted", [s.endpoint for s in sources])
     if not inputs and not compacted:
         raise ConfigError("no archive folder found for endpoints " + ", ".join(s.endpoint for s in sources))

@@ -1,44 +1,40 @@
-"""One listing pass over every input, in Spark's Python workers, into one Parquet dataset.
+"""Local archive folders listed by the driver into Parquet files that Spark reads.
 
-Why (measured, docs/aggregate.md "Performance"): the first version gave Spark one ``binaryFile``
-read per archive folder (12 for 3 endpoints), unioned them, sent every row back to Python to
-parse names, and parsed again into a DataFrame.  Each folder cost a driver-side listing and its
-own scan in the plan, the JVM driver held every file's status, and every row crossed the
-JVM/Python boundary twice.  Now each *input* is one task:
+Why the driver (measured, docs/aggregate.md "Performance"): the previous version listed and
+parsed every name in Spark's Python workers, and ftpbc's Python name parser was most of the
+job's time.  Names are now parsed in the JVM (:mod:`ftpbc.analytics.sqlnames`); Python only
+lists.  The driver lists each folder (``os.scandir`` + ``lstat``: names, sizes, modification
+times, never contents) and writes the raw records (:data:`~ftpbc.analytics.records.RAW_FIELDS`)
+with pyarrow, :data:`CHUNK` records per Parquet file, under the run's staging directory: a
+file rather than a Python list handed to ``createDataFrame``, which would send every row
+through the Py4J socket and pickle it.  So no Python runs on the executors: on a cluster they
+need a JVM and Spark only (and the staging directory, under ``--out``, on shared storage).
 
-``dir``        a local (or NFS) archive folder: ``os.scandir`` + ``stat``, the way the plain pass does
-``mirror``     one JSON-lines part of the listing mirror (FTP, FTPS, SFTP areas)
-``compacted``  one Parquet part of the compacted dataset (metadata columns only, never bodies)
+What the driver holds: one chunk (:data:`CHUNK` records) at a time, whatever the folder's size.
 
-A task lists or reads its input, parses every name with ftpbc's parser
-(:func:`ftpbc.analytics.records.parse_record`) and writes parsed records
-(:data:`~ftpbc.analytics.records.PARSED_FIELDS`) as Parquet files of at most :data:`CHUNK`
-rows under one staging directory, which Spark then reads once with an explicit schema.
-Nothing is collected to the driver but a count per input: the driver never holds the names,
-and a task holds at most one chunk.
+Bounds on untrusted names: a name that is not UTF-8 (undecodable bytes from a local directory)
+is left out of the listing, on both the Spark side and the plain pass, since neither Parquet
+nor the engine could carry it; its count is returned.  Names longer than the file system allows
+cannot exist here.
 
-Files are written to a hidden temporary name and renamed, under names made of the input's
-index and the chunk number: a task Spark retries rewrites the same files, so no record is
-written twice.
+Mirror parts (FTP, FTPS, SFTP areas; JSON lines) and compacted parts (Parquet) are files already:
+Spark reads them directly (:func:`ftpbc.analytics.figures.read_inputs`).
 
-No pyspark import here: this module runs inside Spark's Python workers.
+No pyspark import here: the plain Python reference pass lists through :func:`scan_chunks` too,
+so both sides see the same records with the same inferred precision.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
 
-from ftpbc.analytics.records import PARSED_FIELDS, arrow_schema, parse_record
+from ftpbc.analytics.records import RAW_FIELDS, arrow_schema
 
-#: records per Parquet file, and the most a task holds at once (its memory bound: the bench saw
-#: Spark's Python workers at under 300 MiB each, whatever the archive size)
+#: records per Parquet file, and the most the driver holds at once while listing
 CHUNK = 100_000
-#: the columns of a compacted part that are metadata (``endpoint`` is its directory's name)
-_COMPACTED_COLUMNS = ["folder", "name", "size", "mtime_us", "mtime_prec_us"]
 
 InputKind = Literal["dir", "mirror", "compacted"]
 
@@ -49,10 +45,20 @@ class Input:
 
     kind: InputKind
     path: str
-    #: the endpoint the records belong to (``mirror`` records carry their own)
+    #: the endpoint the records belong to
     endpoint: str = ""
     #: the archive folder of a ``dir`` input
     folder: str = ""
+
+
+@dataclass
+class Chunk:
+    """Up to :data:`CHUNK` entries of one folder, as columns, and the precision of their times."""
+
+    names: list[str] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    mtimes_us: list[int] = field(default_factory=list)
+    precision_us: int = 60_000_000
 
 
 def listing_precision_us(times_us: Iterable[int]) -> int:
@@ -70,86 +76,67 @@ def listing_precision_us(times_us: Iterable[int]) -> int:
     return unit
 
 
-def _dir_records(inp: Input) -> Iterator[list[dict[str, Any]]]:
-    """Raw records of one local folder, in chunks; the precision is inferred per chunk."""
-    chunk: list[dict[str, Any]] = []
+def scan_chunks(path: str, skipped: list[int] | None = None) -> Iterator[Chunk]:
+    """The regular files of one local folder, :data:`CHUNK` at a time, precision per chunk.
 
-    def flush() -> list[dict[str, Any]]:
-        prec = listing_precision_us(r["mtime_us"] for r in chunk)
-        for r in chunk:
-            r["mtime_prec_us"] = prec
-        return chunk
-
-    with os.scandir(inp.path) as it:
+    Entries that are not regular files (directories, symbolic links) are not messages; a file
+    gone between the listing and its ``lstat`` (compacted meanwhile) was not there.  A name that
+    is not UTF-8 is left out and counted in ``skipped[0]``.
+    """
+    chunk = Chunk()
+    with os.scandir(path) as it:
         for de in it:
             if not de.is_file(follow_symlinks=False):
                 continue
+            name = de.name
+            if not name.isascii():
+                try:
+                    name.encode("utf-8")
+                except UnicodeEncodeError:
+                    if skipped is not None:
+                        skipped[0] += 1
+                    continue
             try:
                 st = de.stat(follow_symlinks=False)
-            except FileNotFoundError:  # archived away (compacted) while we listed: not there
+            except FileNotFoundError:
                 continue
-            chunk.append({"endpoint": inp.endpoint, "folder": inp.folder, "name": de.name,
-                          "size": st.st_size, "mtime_us": st.st_mtime_ns // 1000, "mtime_prec_us": 0})
-            if len(chunk) >= CHUNK:
-                yield flush()
-                chunk = []
-    if chunk:
-        yield flush()
-
-
-def _mirror_records(inp: Input) -> Iterator[list[dict[str, Any]]]:
-    chunk: list[dict[str, Any]] = []
-    with open(inp.path, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                chunk.append(json.loads(line))
-                if len(chunk) >= CHUNK:
-                    yield chunk
-                    chunk = []
-    if chunk:
+            chunk.names.append(name)
+            chunk.sizes.append(st.st_size)
+            chunk.mtimes_us.append(st.st_mtime_ns // 1000)
+            if len(chunk.names) >= CHUNK:
+                chunk.precision_us = listing_precision_us(chunk.mtimes_us)
+                yield chunk
+                chunk = Chunk()
+    if chunk.names:
+        chunk.precision_us = listing_precision_us(chunk.mtimes_us)
         yield chunk
 
 
-def _compacted_records(inp: Input) -> Iterator[list[dict[str, Any]]]:
-    import pyarrow.parquet as pq
+def write_dir(inp: Input, directory: str, index: int, skipped: list[int] | None = None) -> int:
+    """List ``inp`` (a ``dir`` input) into Parquet files ``<directory>/part-<index>-<n>.parquet``;
+    returns the number of records written.
 
-    pf = pq.ParquetFile(inp.path)
-    for batch in pf.iter_batches(batch_size=CHUNK, columns=_COMPACTED_COLUMNS):
-        rows = batch.to_pylist()
-        for r in rows:
-            r["endpoint"] = inp.endpoint
-        yield rows
-
-
-_READERS = {"dir": _dir_records, "mirror": _mirror_records, "compacted": _compacted_records}
-
-
-def _write_chunk(rows: list[dict[str, Any]], namings: Mapping[str, Mapping[str, str]], path: str) -> int:
+    Each file is written under a hidden temporary name and renamed, so Spark never reads half
+    a file.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    names = [n for n, _ in PARSED_FIELDS]
-    columns: dict[str, list[Any]] = {n: [] for n in names}
-    for raw in rows:
-        parsed = parse_record(raw, namings[raw["endpoint"]])
-        for n in names:
-            columns[n].append(parsed[n])
-    table = pa.Table.from_pydict(columns, schema=arrow_schema(PARSED_FIELDS))
-    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-    return len(rows)
-
-
-def run_inputs(indexed: Iterable[tuple[int, Input]], namings: Mapping[str, Mapping[str, str]],
-               staging: str) -> Iterator[tuple[int, int]]:
-    """List/read, parse and write each input; yields (input index, records written).
-
-    The body of a Spark task (``mapPartitions``): ``indexed`` is this partition's inputs.
-    """
-    os.makedirs(staging, exist_ok=True)
-    for index, inp in indexed:
-        n = 0
-        for i, rows in enumerate(_READERS[inp.kind](inp)):
-            n += _write_chunk(rows, namings, os.path.join(staging, f"part-{index:06d}-{i:05d}.parquet"))
-        yield index, n
+    os.makedirs(directory, exist_ok=True)
+    schema = arrow_schema(RAW_FIELDS)
+    total = 0
+    for i, c in enumerate(scan_chunks(inp.path, skipped)):
+        n = len(c.names)
+        table = pa.table({"endpoint": pa.repeat(pa.scalar(inp.endpoint, pa.string()), n),
+                          "folder": pa.repeat(pa.scalar(inp.folder, pa.string()), n),
+                          "name": pa.array(c.names, pa.string()),
+                          "size": pa.array(c.sizes, pa.int64()),
+                          "mtime_us": pa.array(c.mtimes_us, pa.int64()),
+                          "mtime_prec_us": pa.repeat(pa.scalar(c.precision_us, pa.int64()), n)},
+                         schema=schema)
+        path = os.path.join(directory, f"part-{index:05d}-{i:05d}.parquet")
+        tmp = os.path.join(directory, f".part-{index:05d}-{i:05d}.parquet.tmp")
+        pq.write_table(table, tmp, compression="snappy")
+        os.replace(tmp, path)
+        total += n
+    return total

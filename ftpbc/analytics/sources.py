@@ -30,6 +30,8 @@ class ArchiveSource:
     response_prefix: str = "resp."
     message_name: str = "%u"
     timezone: str = "UTC"
+    #: how names carry headers: ``ftpbc`` or ``dropboxmq`` (docs/naming.md)
+    naming_scheme: str = "ftpbc"
 
     @property
     def area(self) -> ExchangeArea:
@@ -51,9 +53,11 @@ class ArchiveSource:
         return f"{self.endpoint}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
     def naming(self) -> dict[str, str]:
-        """The picklable naming facts Spark's Python workers need to parse this endpoint's names."""
-        return {"request_prefix": self.request_prefix, "response_prefix": self.response_prefix,
-                "message_name": self.message_name, "timezone": self.timezone}
+        """What it takes to parse this endpoint's names (``records.parse_record``,
+        ``sqlnames.parse_names``)."""
+        return {"naming": self.naming_scheme, "request_prefix": self.request_prefix,
+                "response_prefix": self.response_prefix, "message_name": self.message_name,
+                "timezone": self.timezone}
 
 
 def sources_from_config(config: Config, endpoints: Iterable[str] = ()) -> list[ArchiveSource]:
@@ -65,5 +69,5 @@ def sources_from_config(config: Config, endpoints: Iterable[str] = ()) -> list[A
         out.append(ArchiveSource(endpoint=name, server=config.servers[ep.server],
                                  repository=ep.repository, request_prefix=ep.request_prefix,
                                  response_prefix=ep.response_prefix, message_name=ep.message_name,
-                                 timezone=ep.timezone))
+                                 timezone=ep.timezone, naming_scheme=ep.naming))
     return out

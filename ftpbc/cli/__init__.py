@@ -24,6 +24,8 @@ LAZY_COMMANDS: dict[str, str] = {
     "journal": "ftpbc.cli.serve:journal",
     "request": "ftpbc.cli.messaging:request",
     "send": "ftpbc.cli.messaging:send",
+    "publish": "ftpbc.cli.topics:publish",
+    "topic": "ftpbc.cli.topics:topic",
     "check": "ftpbc.cli.check:check",
     "dlq": "ftpbc.cli.queues:dlq",
     "receive": "ftpbc.cli.receive:receive",

@@ -31,7 +31,7 @@ from ftpbc.journal import Journal
               help="Serve /metrics, /healthz and /readyz on this port (default: node.metrics).")
 def serve(config_path: str, node_id: str | None, verbose: bool, handler_path: tuple[str, ...],
           metrics_port: int | None) -> None:
-    """Serve every endpoint that has a handler, until SIGTERM or Ctrl-C.
+    """Serve every endpoint that has a handler, and every route, until SIGTERM or Ctrl-C.
 
     Replays this node's journal first; waits for servers that are not reachable yet.  On
     SIGTERM/SIGINT it stops claiming, lets in-flight handlers finish within each endpoint's

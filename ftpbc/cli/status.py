@@ -21,7 +21,8 @@ def status(config_path: str, as_json: bool, watch: float | None) -> None:
     Nodes are alive or dead from their heartbeats (in state_dir or on the coordination server),
     with what each serves and served in the last minute; per endpoint, the files in every
     directory of its exchange area, the oldest waiting message and what was served in the last
-    minute.  Takes no lock and moves nothing: safe beside running nodes."""
+    minute; each route with its live destinations per node.  Takes no lock and moves nothing:
+    safe beside running nodes."""
     import time
 
     from ftpbc.node.status import cluster_status, render

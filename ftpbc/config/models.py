@@ -12,9 +12,12 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ftpbc.config.routes import RouteConfig, check_routes
 from ftpbc.config.servers import ServerConfig
+from ftpbc.config.topics import SEPARATOR as TOPIC_SEPARATOR
+from ftpbc.config.topics import TopicConfig, check_subscription_name
 
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 ENDPOINT_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -390,6 +393,10 @@ class Config(_Frozen):
     servers: dict[str, ServerConfig]
     endpoints: dict[str, EndpointConfig] = Field(default_factory=dict)
     transfers: dict[str, TransferConfig] = Field(default_factory=dict)
+    #: publish/subscribe topics (docs/topics.md); ``TOPIC`` and ``TOPIC/SUB`` act as endpoints
+    topics: dict[str, TopicConfig] = Field(default_factory=dict)
+    #: rule-based routing of an endpoint's one-way messages (docs/routing.md)
+    routes: dict[str, RouteConfig] = Field(default_factory=dict)
     #: the file this was loaded from, for messages; not a YAML key
     source: str = Field(default="<config>", exclude=True)
 
@@ -420,6 +427,39 @@ class Config(_Frozen):
                              "(ftpbc send NAME picks one by its name)")
         return self
 
+    @model_validator(mode="after")
+    def _topic_references(self) -> Config:
+        for name, topic in self.topics.items():
+            if not ENDPOINT_RE.match(name):
+                # named in the text: a key path cannot carry what the name may hold ('/', ' ')
+                raise ValueError(f"topics: topic name {name!r} must be 1-64 characters of A-Z a-z 0-9 . _ -")
+            if topic.server not in self.servers:
+                known = ", ".join(sorted(self.servers)) or "none"
+                raise ValueError(f"topics.{name}.server: unknown server {topic.server!r} (defined: {known})")
+            for kind, table in (("endpoint", self.endpoints), ("transfer", self.transfers)):
+                if name in table:
+                    article = "an" if kind == "endpoint" else "a"
+                    raise ValueError(f"topics.{name}: {name!r} is also {article} {kind}; names must differ "
+                                     "(ftpbc send NAME picks one by its name)")
+            for sub, declared in topic.subscriptions.items():
+                try:
+                    EndpointConfig._selector_syntax(declared.selector)
+                except ValueError as exc:
+                    raise ValueError(f"topics.{name}.subscriptions.{sub}.selector: {exc}") from None
+            try:
+                _topic_area(topic, "", topic.incoming_dir)  # every area setting, checked as an endpoint's
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                where = ".".join(str(p) for p in err["loc"])
+                raise ValueError(f"topics.{name}{'.' + where if where else ''}: "
+                                 f"{err['msg'].removeprefix('Value error, ')}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _route_references(self) -> Config:
+        check_routes(self.routes, self.endpoints, self.topics, self.servers)
+        return self
+
     def sequence_dirs(self) -> tuple[Path, Path]:
         """(node-local, cluster-shared) base directories of the persisted sequences.
 
@@ -435,10 +475,38 @@ class Config(_Frozen):
         return self.model_copy(update={"node": self.node.model_copy(update={"id": node_id})})
 
     def endpoint(self, name: str) -> EndpointConfig:
-        try:
-            return self.endpoints[name]
-        except KeyError:
-            from ftpbc.errors import ConfigError
+        """An endpoint's configuration; a topic's name gives its incoming area and ``TOPIC/SUB``
+        a subscription's area (derived: see :mod:`ftpbc.config.topics`)."""
+        found = self.endpoints.get(name)
+        if found is not None:
+            return found
+        from ftpbc.errors import ConfigError
 
-            known = ", ".join(sorted(self.endpoints)) or "none"
-            raise ConfigError(f"unknown endpoint {name!r} (defined: {known})", file=self.source) from None
+        topic, _, sub = name.partition(TOPIC_SEPARATOR)
+        if topic in self.topics:
+            tc = self.topics[topic]
+            if name == topic:
+                return _topic_area(tc, "", tc.incoming_dir)
+            try:
+                check_subscription_name(sub)
+            except ValueError as exc:
+                raise ConfigError(f"topic {topic!r}: {exc}", file=self.source) from None
+            return _topic_area(tc, sub, tc.subscription_dir(sub))
+        known = ", ".join(sorted([*self.endpoints, *self.topics])) or "none"
+        raise ConfigError(f"unknown endpoint {name!r} (defined: {known})", file=self.source) from None
+
+    def knows_endpoint(self, name: str) -> bool:
+        """Whether :meth:`endpoint` resolves ``name`` (an endpoint, a topic, ``TOPIC/SUB``)."""
+        if name in self.endpoints:
+            return True
+        from ftpbc.config.topics import SUBSCRIPTION_RE
+
+        topic, sep, sub = name.partition(TOPIC_SEPARATOR)
+        return topic in self.topics and (not sep or SUBSCRIPTION_RE.fullmatch(sub) is not None)
+
+
+def _topic_area(topic: TopicConfig, key: str, repository: str) -> EndpointConfig:
+    """The endpoint configuration of one of ``topic``'s areas (``key`` "": its incoming area; a
+    subscription's name: that subscription's), made once per process (docs/topics.md)."""
+    return topic.derived(key, lambda: EndpointConfig(server=topic.server, repository=repository,
+                                                     **topic.area_settings()))

@@ -58,6 +58,8 @@ REPORTED_NAMES = 10_000
 #: decoded names a layout remembers (a large inbox is listed again and again)
 DECODED_NAMES = 20_000
 _NO_TIME = datetime.min.replace(tzinfo=UTC)
+#: characters a slice glob must not hold literally (glob syntax, or what ends an FTP argument)
+_GLOB_SPECIAL = frozenset("*?[]{}\\ \t\r\n")
 
 
 @dataclass(frozen=True)
@@ -180,23 +182,37 @@ class Layout(ABC):
         Unusable names are logged once and skipped; with ``stable_for`` a file is a candidate
         only once two listings at least ``stable_for`` apart saw the same size and time.
         """
-        found: list[Candidate] = []
+        found = [c for c in map(self.candidate, entries) if c is not None]
+        if self.stable_for > 0:
+            found = self.stable(found, time.monotonic() if now is None else now)
+        found.sort(key=delivery_order)
+        return found
+
+    def candidate(self, e: Entry) -> Candidate | None:
+        """The candidate one listed entry is (None: a directory, not ours, or unusable, which
+        is logged once); stability (``stable_for``) is not judged here."""
+        if e.is_dir:
+            return None
         decoded = self._decoded
         if len(decoded) > DECODED_NAMES:
-            decoded.clear()
-        for e in entries:
-            if e.is_dir:
-                continue
-            cand = decoded[e.name] if e.name in decoded else self._decode_once(e)
-            if cand is None:
-                continue
-            if cand.size != e.size or cand.mtime != e.mtime:
-                cand = Candidate(cand.name, e.size, e.mtime, cand.envelope, cand.values)
-            found.append(cand)
-        if self.stable_for > 0:
-            found = self._stable(found, time.monotonic() if now is None else now)
-        found.sort(key=_delivery_order)
-        return found
+            # Replaced, not cleared: a large box's complete pass lists in a thread of its own.
+            decoded = self._decoded = {}
+        try:
+            cand = decoded[e.name]
+        except KeyError:
+            cand = self._decode_once(e)
+        if cand is None:
+            return None
+        if cand.size != e.size or cand.mtime != e.mtime:
+            cand = Candidate(cand.name, e.size, e.mtime, cand.envelope, cand.values)
+        return cand
+
+    def slices(self) -> tuple[str, ...]:
+        """Name globs that together match every message this layout can take from its box, for
+        listing a huge box a part at a time (:mod:`ftpbc.exchange.backlog`); () when its names
+        cannot be cut so (the default).  A glob may match names of other slices, or names that
+        are not messages: the caller decodes what it lists, as always."""
+        return ()
 
     def _decode_once(self, e: Entry) -> Candidate | None:
         try:
@@ -218,10 +234,10 @@ class Layout(ABC):
             cand = Candidate(cand.name, -1, None, cand.envelope, cand.values)
         return cand
 
-    def _stable(self, found: list[Candidate], now: float) -> list[Candidate]:
+    def stable(self, found: list[Candidate], now: float) -> list[Candidate]:
         """Files unchanged for ``stable_for`` seconds; remembers what it saw for the next call."""
         seen, fresh = self._seen, {}
-        stable = []
+        stable: list[Candidate] = []
         for c in found:
             size_time = (c.size, c.mtime)
             before = seen.get(c.name)
@@ -305,7 +321,8 @@ class Layout(ABC):
         return c.name
 
 
-def _delivery_order(c: Candidate) -> tuple[int, datetime, str]:
+def delivery_order(c: Candidate) -> tuple[int, datetime, str]:
+    """The sort key of delivery order: higher priority first, then oldest, then by name."""
     return (-c.envelope.headers.priority, c.mtime or _NO_TIME, c.name)
 
 
@@ -344,6 +361,27 @@ class AreaLayout(Layout):
         self.protect_dir = self.area.dir(direction, "protect")
         self.expired_dir = self.area.dir(direction, "expired")
         self.dead_dir = self.area.dir(direction, "dead")
+
+    def slices(self) -> tuple[str, ...]:
+        """Sixteen globs, one per first hex digit of the UUID: ``*.0*`` ... ``*.f*`` with the
+        default prefixes (``req.``, ``msg.``: the text they share before the UUID, so that one
+        glob serves both), ``req.0*`` ... and ``msg.0*`` ... when they share none.
+
+        Complete because a name this layout takes as a message is its prefix plus
+        ``message_name`` expanded, and ``%u`` matches lower-case hex only
+        (:mod:`ftpbc.patterns.match`).  None for the ``dropboxmq`` naming, a ``message_name``
+        with a pattern letter before ``%u``, a response box, or text a glob cannot carry."""
+        if self.direction != "in" or self.codec.name != "ftpbc":
+            return ()
+        lead, sep, _ = self.config.message_name.partition("%u")
+        if not sep or "%" in lead:
+            return ()
+        prefixes = {self.config.request_prefix + lead, self.config.oneway_prefix + lead}
+        if any(ch in p for p in prefixes for ch in _GLOB_SPECIAL) or any(p.startswith("-") for p in prefixes):
+            return ()
+        shared = posixpath.commonprefix([p[::-1] for p in prefixes])[::-1]
+        heads = [f"*{shared}"] if shared else sorted(prefixes)
+        return tuple(f"{head}{digit}*" for digit in "0123456789abcdef" for head in heads)
 
     def _uuid_of(self, base: str) -> str | None:
         m = self.request_pattern.match(base) or self.oneway_pattern.match(base)

@@ -32,6 +32,7 @@ Delivery count and poison messages
 
 from __future__ import annotations
 
+import heapq
 import io
 import logging
 import re
@@ -61,13 +62,13 @@ from ftpbc.exchange.area import REASON_SUFFIX, archive_name
 from ftpbc.exchange.bounds import DEFAULT_MAX_MESSAGE_BYTES, READ_MARGIN, BoundedSink, body_length, check_body
 from ftpbc.exchange.capacity import Capacity
 from ftpbc.exchange.envelope import EXPIRED_TYPE, NAME_LIMIT, Envelope, Headers
-from ftpbc.exchange.layout import Candidate, Commit, Layout, Outbound
+from ftpbc.exchange.layout import Candidate, Commit, Layout, Outbound, delivery_order
 from ftpbc.exchange.policy import DEFAULT_POLICY, QueuePolicy
 from ftpbc.faults import crash_point
 from ftpbc.journal import EndpointJournal, Operation
 from ftpbc.metrics import NULL_OBSERVER, EndpointObserver
 from ftpbc.paths import join
-from ftpbc.transport.base import Refused, Transport
+from ftpbc.transport.base import Entry, Refused, Transport
 
 log = logging.getLogger("ftpbc.lifecycle")
 
@@ -82,11 +83,27 @@ POISON_ERRORS: tuple[type[TransportError], ...] = (PermissionDenied, IncompleteR
 #: names a node holds back after a failed delivery, at most (the oldest holds are dropped)
 MAX_HELD = 100_000
 _TOKEN = re.compile(r"[A-Za-z0-9._-]{1,128}")
+#: a listing in the background gives the interpreter up every this many entries (about 1 ms)
+YIELD_EVERY = 50
 #: refused entries (links, fifos... planted in a box) one listing files at most; the rest wait for
 #: the next listing, so that a box flooded with links does not hold the poll lock for long
 MAX_REFUSED_PER_LISTING = 100
 #: what a file name of ours may not hold (paths.check_name's rule, plus control characters)
 _NOT_IN_NAME = re.compile(r"[/\\\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What one listing of a box found (:meth:`Lifecycle.listing`)."""
+
+    #: the best messages listed, in delivery order, at most the ``keep`` asked for
+    candidates: list[Candidate]
+    #: messages listed, held and expired ones included (those ``stop_after`` counts)
+    found: int
+    #: read to its end (False: stopped after ``stop_after`` messages)
+    complete: bool
+    #: how long it took
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -108,6 +125,15 @@ class Claimed:
     @property
     def size(self) -> int:
         return self.candidate.size
+
+
+@dataclass(frozen=True)
+class Served:
+    """A ``served`` record written by :meth:`Lifecycle.write_served`, not yet known durable."""
+
+    claimed: Claimed
+    fields: dict[str, str]
+    seq: int  # the journal's record batch (EndpointJournal.wait_durable)
 
 
 class Disposition(str):
@@ -199,22 +225,89 @@ class Lifecycle:
 
     def waiting(self) -> list[Candidate]:
         """The messages waiting in the box, in delivery order, less those held back here."""
+        return self.listing().candidates
+
+    def listing(self, *, keep: int | None = None, stop_after: int | None = None,
+                glob: str | None = None, cancel: threading.Event | None = None,
+                background: bool = False) -> Listing:
+        """List the box (or the names ``glob`` matches) as the listing streams in, and keep the
+        best ``keep`` messages in delivery order (None: all), less those held back here and the
+        expired ones (set aside for take_expired).
+
+        Memory is bounded by ``keep`` (one and a half times it, while listing), not by the box: a box of a
+        million messages is listed without holding a million of anything.  ``stop_after``:
+        the listing is stopped once that many messages were found (``complete`` is then
+        False); a layout with ``stable_for`` is always listed to the end, since stability is
+        judged over whole listings.  ``cancel``, once set, stops the listing too (a complete
+        pass of a node that is stopping).  ``background``: the listing runs on a thread beside
+        the node's workers, and lets them have the interpreter every few entries (parsing
+        holds it; a worker waiting for it after each of its round trips would wait for the
+        interpreter's switch interval, 5 ms, every time).  GlobRefused: the server does not
+        list by glob.
+        """
         layout = self.layout
-        entries, refused = self.transport.list_refusing(layout.box, refuse_dirs=layout.files_only)
-        if refused:
-            self._file_refused(refused)
-        found = layout.candidates(entries)
-        if self.policy.expires:
-            found = self._leave_expired(found)
+        started = time.monotonic()
         held = self._held
         if held:
-            now = time.monotonic()
             with self._lock:
-                for name in [n for n, t in held.items() if t <= now]:
+                for name in [n for n, t in held.items() if t <= started]:
                     del held[name]
-                if held:
-                    found = [c for c in found if c.name not in held]
-        return found
+        expires = self.policy.expires
+        now = self.clock()
+        best: list[Candidate] = []
+        expired: list[Candidate] = []
+        found = 0
+
+        def admit(c: Candidate) -> None:
+            nonlocal best
+            exp = c.envelope.headers.expiration
+            if expires and exp is not None and exp <= now:
+                if len(expired) < MAX_HELD:
+                    expired.append(c)
+                return
+            if (held and c.name in held) or keep == 0:
+                return
+            best.append(c)
+            if keep is not None and len(best) >= keep + keep // 2 + 64:
+                best = heapq.nsmallest(keep, best, key=delivery_order)
+
+        stable = layout.stable_for > 0
+        every: list[Candidate] = []
+        entries = 0
+
+        def visit(e: Entry) -> bool:
+            nonlocal found, entries
+            entries += 1
+            if background and entries % YIELD_EVERY == 0:
+                time.sleep(0)
+            c = layout.candidate(e)
+            if c is None:
+                return True
+            found += 1
+            if stable:
+                every.append(c)
+                return True
+            admit(c)
+            return (stop_after is None or found < stop_after) and not (cancel is not None and cancel.is_set())
+
+        refused: list[Refused] = []
+        complete = self.transport.scan(layout.box, visit, glob=glob, refuse_dirs=layout.files_only,
+                                       refused=refused)
+        if refused:
+            self._file_refused(refused)
+        if stable:
+            for c in layout.stable(every, time.monotonic()):
+                admit(c)
+        if expired:
+            with self._lock:
+                if len(self._expired) >= MAX_HELD:
+                    self._expired.clear()
+                self._expired.update((c.name, c) for c in expired)
+        if keep is not None and len(best) > keep:
+            best = heapq.nsmallest(keep, best, key=delivery_order)
+        else:
+            best.sort(key=delivery_order)
+        return Listing(best, found, complete, time.monotonic() - started)
 
     def _file_refused(self, refused: Sequence[Refused]) -> None:
         """File what a listing refused (a link, a fifo, a directory... planted in the box) in
@@ -249,20 +342,6 @@ class Lifecycle:
                       io.BytesIO(reason.encode("utf-8", "backslashreplace") + b"\n"))
             except TransportError as exc:
                 log.warning("%s: %s: could not write its reason file: %s", self.name, target, exc)
-
-    def _leave_expired(self, found: list[Candidate]) -> list[Candidate]:
-        """``found`` less the messages past their expiration, which take_expired hands out."""
-        now = self.clock()
-        expired = [c for c in found if c.envelope.headers.expiration is not None
-                   and c.envelope.headers.expiration <= now]
-        if not expired:
-            return found
-        with self._lock:
-            if len(self._expired) >= MAX_HELD:
-                self._expired.clear()
-            self._expired.update((c.name, c) for c in expired)
-        gone = {c.name for c in expired}
-        return [c for c in found if c.name not in gone]
 
     def is_expired(self, c: Candidate) -> bool:
         exp = c.envelope.headers.expiration
@@ -638,7 +717,7 @@ class Lifecycle:
     def record_served(self, claimed: Claimed, result: bytes | None, *, error: str | None,
                       commit: Commit | None = None, reply_type: str | None = None) -> dict[str, str]:
         """Durably record the handler's outcome and every name still to use; return the fields
-        :meth:`finish_served` needs.
+        :meth:`finish_served` needs.  :meth:`write_served` then :meth:`served_durable`.
 
         ``error`` is the handler's failure reason (the message goes to the error directory; a
         requester gets an error reply).  ``result`` None means nothing to send.  Once this
@@ -647,6 +726,21 @@ class Lifecycle:
         A result for a request whose reply_to cannot be reached (:meth:`Layout.reply_refusal`)
         is recorded as a failure with that reason: filed as an error, the error reply in the
         request's own outbox.
+        """
+        return self.served_durable(self.write_served(claimed, result, error=error, commit=commit,
+                                                     reply_type=reply_type))
+
+    def write_served(self, claimed: Claimed, result: bytes | None, *, error: str | None,
+                     commit: Commit | None = None, reply_type: str | None = None) -> Served:
+        """The first half of :meth:`record_served`: the ``served`` record written (a large
+        result's side file fsynced), the record itself not yet known to be on disk.
+
+        Until :meth:`served_durable` of what this returns has returned, the caller must change
+        nothing on the server for this message (no stage, no commit): a power loss before then
+        may lose the record, and recovery then returns the claim, as if the handler had not run.
+        A killed process loses nothing (the page cache outlives it).  The gap lets a worker
+        give its handler slot to the next message while the fsync runs, and lets one fsync cover
+        the records of every worker that wrote meanwhile (wider group commit).
         """
         layout = self.layout
         when = self.clock()
@@ -668,9 +762,16 @@ class Lifecycle:
             fields.update(self.journal.save_result(claimed.op_id, body))
         if error is not None:
             fields["reason"] = error
-        self.journal.record(claimed.op_id, "served", durable=True, **fields)
+        seq = self.journal.record_many([(claimed.op_id, "served", fields)], durable=False)
+        return Served(claimed, fields, seq)
+
+    def served_durable(self, served: Served) -> dict[str, str]:
+        """Wait until ``served``'s record is on disk (fsync, shared with every record written
+        before it began); return the fields :meth:`finish_served` needs.  From here on the
+        handler must never run again for this message."""
+        self.journal.wait_durable(served.seq)
         crash_point("serve.after-result")
-        return fields
+        return served.fields
 
     def finish_served(self, op_id: str, fields: dict[str, str], *, fresh: bool = False) -> bool:
         """Carry a ``served`` operation to its end; idempotent, so recovery calls it too.
@@ -837,5 +938,5 @@ def _plain(name: str) -> Envelope:
     return Envelope(Headers(id=name), {}, name)
 
 
-__all__ = ["UNKNOWN_SIZE", "Claimed", "Commit", "Disposition", "Lifecycle", "Outbound", "op_id_for",
+__all__ = ["UNKNOWN_SIZE", "Claimed", "Commit", "Disposition", "Lifecycle", "Outbound", "Served", "op_id_for",
            "rename_resolving"]

@@ -16,6 +16,9 @@ Every pending operation is decided by its last durable record plus a few ``stat`
     never called again.
     A member of a transaction (its record names it: ``tx``) is decided so only when the
     transaction has no open commit record: without one it was never committed.
+``routed`` (a route's message on its way to a destination: :mod:`ftpbc.exchange.route`)
+    not staged: rolled back (stage removed, claim returned); staged: renamed into place if it
+    is not already, then committed.
 ``replay`` (``ftpbc dlq replay``: a dead letter going back to its box)
     finished by :meth:`Lifecycle.finish_replay`: renamed if still a dead letter, its reason
     file removed.
@@ -37,8 +40,10 @@ from ftpbc.errors import FtpbcError, NotFound, SourceGone
 from ftpbc.exchange.area import REASON_SUFFIX, split_claim
 from ftpbc.exchange.layout import Outbound
 from ftpbc.exchange.lifecycle import Lifecycle
+from ftpbc.exchange.route import ROUTED, recover_route
 from ftpbc.faults import crash_point
 from ftpbc.journal import Operation
+from ftpbc.transport.base import Transport
 
 log = logging.getLogger("ftpbc.recovery")
 
@@ -56,7 +61,8 @@ class Action:
 
 def recover_pending(lifecycles: Sequence[Lifecycle], *, orphans: bool = True,
                     lock: Callable[[], AbstractContextManager[bool]] | None = None,
-                    held: Collection[str] = ()) -> list[Action]:
+                    held: Collection[str] = (),
+                    transports: Callable[[str], Transport] | None = None) -> list[Action]:
     """Finish or undo every pending operation of one journal, then (``orphans``) this node's
     unjournaled files in these lifecycles' directories.
 
@@ -66,6 +72,7 @@ def recover_pending(lifecycles: Sequence[Lifecycle], *, orphans: bool = True,
     file); one that cannot be had defers the operation to the next recovery.  ``held``: the
     transactions whose commit record is still open; their members' sends are left alone (they
     are rolled forward by :func:`ftpbc.exchange.transaction.recover_transactions`, never back).
+    ``transports``: a configured server's transport by name, for routed messages' destinations.
     """
     main = lifecycles[0]
     actions = []
@@ -79,7 +86,7 @@ def recover_pending(lifecycles: Sequence[Lifecycle], *, orphans: bool = True,
                 outcome = "deferred: poll lock busy"
             else:
                 try:
-                    outcome = _recover_op(lc, op)
+                    outcome = _recover_op(lc, op, transports)
                 except FtpbcError as exc:
                     outcome = f"left for the next recovery: {exc}"
                     log.warning("%s: %s: cannot recover %s yet: %s", lc.name, op.op_id, op.kind, exc)
@@ -101,8 +108,11 @@ def _owner(lifecycles: Sequence[Lifecycle], op: Operation) -> Lifecycle:
     return lifecycles[0]
 
 
-def _recover_op(lc: Lifecycle, op: Operation) -> str:
+def _recover_op(lc: Lifecycle, op: Operation, transports: Callable[[str], Transport] | None = None) -> str:
     t, f = lc.transport, op.fields
+    if ROUTED in op.events:
+        # a routed message (exchange/route.py): its destination's transport by server name
+        return recover_route(lc, op, transports)
     if "served" in op.events or "received" in op.events:
         if lc.finish_served(op.op_id, f):
             return "finished: recorded result delivered, handler not run again"

@@ -131,6 +131,9 @@ class Runtime:
             raise ValueError(f"message type {type!r}: types starting {RESERVED_TYPE_PREFIX!r} are "
                              "ftpbc's own")
         expiration = None if ttl is None else datetime.now(UTC) + timedelta(seconds=ttl)
+        # A message published to a topic carries when it was sent: a subscription created
+        # after that does not get it (docs/topics.md)
+        stamp = datetime.now(UTC) if endpoint in self.config.topics else None
         layout = self.lifecycle(endpoint).layout
         assert isinstance(layout, AreaLayout)
         prefix = ep.request_prefix if kind == "request" else ep.oneway_prefix
@@ -145,10 +148,11 @@ class Runtime:
             assert expansion.uuid is not None  # message_name is validated to contain %u
             base, uid = prefix + expansion.name, expansion.uuid
         if (ep.naming == "ftpbc" and priority == DEFAULT_PRIORITY and not properties and expiration is None
-                and correlation_id is None and type is None and reply_to in (None, endpoint)):
+                and stamp is None and correlation_id is None and type is None
+                and reply_to in (None, endpoint)):
             name = base  # all defaults: the plain name
         else:
-            headers = Headers(id=uid, kind=kind, priority=priority, expiration=expiration,
+            headers = Headers(id=uid, kind=kind, priority=priority, timestamp=stamp, expiration=expiration,
                               correlation_id=correlation_id, type=type,
                               reply_to=reply_to if reply_to not in (None, endpoint)
                               else endpoint if kind == "request" and ep.naming != "ftpbc" else None)
@@ -170,7 +174,7 @@ class Runtime:
                              f"{server!r}: a reply goes to an endpoint on the request's server")
 
     def _inbound(self, endpoint: str) -> Lifecycle | None:
-        return self.lifecycle(endpoint) if endpoint in self.config.endpoints else None
+        return self.lifecycle(endpoint) if self.config.knows_endpoint(endpoint) else None
 
     def recover(self, *, orphans: bool = True) -> list[Action]:
         """Replay this node's journal; endpoints and transfers no longer configured are
@@ -205,14 +209,19 @@ class Runtime:
                 tc = config.transfers[layout.name]
                 poll_lock = self.coordination.poll_lock(layout.key, tc.lock)
                 lock = functools.partial(poll_lock.attempt, wait=60.0)
-            actions.extend(recover_pending(group, orphans=False, lock=lock, held=held))
+            actions.extend(recover_pending(group, orphans=False, lock=lock, held=held,
+                                          transports=self.transport))
         if orphans and held:
             # A committed transaction's staged members are not orphans: it is rolled forward
             # by the next recovery, so nothing of this node's is removed until then.
             log.warning("node %s: %d committed transaction(s) left for the next recovery; orphan "
                         "search skipped", self.node_id, len(held))
         elif orphans:
-            for key in [*config.endpoints, *(KEY_PREFIX + name for name in config.transfers)]:
+            # a topic's subscriptions: those whose journal this node has (it staged or claimed there)
+            derived = [*config.topics, *(k for k in self.journal.registry()
+                                         if k not in config.endpoints and config.knows_endpoint(k))]
+            for key in [*config.endpoints, *dict.fromkeys(derived),
+                        *(KEY_PREFIX + name for name in config.transfers)]:
                 for lc in self._group(key) or ():
                     actions.extend(recover_orphans(lc))
         self._recovered = True  # a start retried after a server outage recovers until it succeeds
@@ -223,7 +232,7 @@ class Runtime:
         if key.startswith(KEY_PREFIX):
             name = key[len(KEY_PREFIX):]
             return [self.transfer(name)] if name in self.config.transfers else None
-        if key in self.config.endpoints:
+        if self.config.knows_endpoint(key):  # an endpoint, a topic, a topic's subscription
             return list(self.endpoint_lifecycles(key))
         return None
 

@@ -185,7 +185,7 @@ class Sweeper:
     def _expire(self, inbound: Lifecycle) -> None:
         """File the inbox's expired messages (those no consumer's selector takes included)."""
         try:
-            inbound.waiting()
+            inbound.listing(keep=0)  # sets the expired ones aside; keeps nothing else (a box may be huge)
         except NotFound:
             return
         filed = inbound.expire(inbound.take_expired())

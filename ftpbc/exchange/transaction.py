@@ -25,6 +25,15 @@ The commit record is self-contained (it is fsynced; the members' send records ar
 even a machine crash that lost the send records is rolled forward from it; without it, the
 members' staged files carry this node's id and are removed as orphans.
 
+A transaction may also *settle a claim* (:meth:`Transaction.settle_claim`: a topic's fan-out,
+docs/topics.md): the claimed message is named in the commit record, and right after that record
+it is renamed to its archive, before any member is exposed.  Finding the claim gone then (a node
+that looked dead had it returned to another) undoes the transaction instead: its staged members
+are removed, never exposed.  Recovery decides the same way from the server: the claim still
+there is settled, its archive there means settled, neither means lost.  So a message fanned
+out ends, after any crash and recovery, with every member exposed once and the claim archived,
+or with no member and the message back for another node.
+
 Members may go to endpoints on several servers.  The guarantee stays all-or-none *after
 recovery*: :meth:`Transaction.commit` that fails while exposing (a server unreachable) has
 committed all the same, and the members not yet out are exposed by a retried
@@ -43,11 +52,11 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, BinaryIO, Protocol
 
-from ftpbc.errors import FtpbcError, NotFound, QueueFull
+from ftpbc.errors import FtpbcError, NotFound, QueueFull, SourceGone
 from ftpbc.exchange.bounds import body_length
 from ftpbc.exchange.envelope import Kind
 from ftpbc.exchange.layout import AreaLayout, Outbound
-from ftpbc.exchange.lifecycle import Lifecycle, op_id_for
+from ftpbc.exchange.lifecycle import Lifecycle, op_id_for, rename_resolving
 from ftpbc.exchange.recovery import Action
 from ftpbc.faults import crash_point
 from ftpbc.journal import EndpointJournal, Journal
@@ -69,6 +78,28 @@ class Sender(Protocol):
     @property
     def new_message(self) -> Callable[..., tuple[str, str]]:
         """``(endpoint, kind, **options) -> (file name, uuid)``."""
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """A claim a transaction settles: ``claim`` (in ``endpoint``'s select directory, journal op
+    ``op_id``) renamed to ``commit`` once the commit record is durable; ``cleanup``: deleted
+    from there once every member is exposed (``archive: false``)."""
+
+    endpoint: str
+    op_id: str
+    claim: str
+    commit: str
+    cleanup: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps({"endpoint": self.endpoint, "op": self.op_id, "claim": self.claim,
+                           "commit": self.commit, "cleanup": self.cleanup}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Settlement:
+        d = json.loads(text)
+        return cls(d["endpoint"], d["op"], d["claim"], d["commit"], bool(d.get("cleanup")))
 
 
 @dataclass(frozen=True)
@@ -111,14 +142,20 @@ class Transaction:
     step ends, after recovery, with all or none.
     """
 
-    def __init__(self, sender: Sender, *, on_submit: Callable[[str, str], None] | None = None) -> None:
+    def __init__(self, sender: Sender, *, on_submit: Callable[[str, str], None] | None = None,
+                 points: str = "tx") -> None:
         self.sender = sender
+        #: the prefix of this transaction's crash points (``tx``; ``fanout`` for a topic's fan-out)
+        self._points = points
+        self._settlement: Settlement | None = None
+        self._settled = False
         self.id = str(uuidlib.uuid4())
         self.op_id = f"{self.id}.tx"
         self._on_submit = on_submit
         self._members: list[Member] = []
         self._submitted: list[tuple[str, str]] = []
-        self._exposed: set[str] = set()
+        #: (endpoint, op id) of the members exposed (copies of one message share an op id)
+        self._exposed: set[tuple[str, str]] = set()
         #: op id -> the member's size in bytes (None: unknown, a pipe), for bounded inboxes
         self._sizes: dict[str, int | None] = {}
         #: open, committed (record written, maybe not all exposed), done, rolled back
@@ -148,14 +185,34 @@ class Transaction:
         if not isinstance(layout, AreaLayout):
             raise ValueError(f"{endpoint!r} is not an endpoint: only endpoints' messages can be transacted")
         out = layout.outbound(name, self.sender.node_id, lc.clock())
-        member = Member(endpoint, op_id_for(uid, "send"), out)
+        self._stage_out(endpoint, lc, out, op_id_for(uid, "send"), kind, body)
+        crash_point(f"{self._points}.after-stage")
+        return uid, out.where
+
+    def stage_copy(self, endpoint: str, out: Outbound, body: bytes | BinaryIO, *, uid: str,
+                   kind: Kind = "oneway") -> None:
+        """Stage a message under a name and stage path the caller chose (``out``: a copy of a
+        message being fanned out keeps its name); exposed at ``out.target`` by :meth:`commit`."""
+        if self.state != "open":
+            raise RuntimeError(f"transaction {self.id} is {self.state}: no more messages")
+        self._stage_out(endpoint, self.sender.lifecycle(endpoint), out, op_id_for(uid, "send"), kind, body)
+
+    def _stage_out(self, endpoint: str, lc: Lifecycle, out: Outbound, op_id: str, kind: Kind,
+                   body: bytes | str | BinaryIO) -> None:
+        member = Member(endpoint, op_id, out)
         # Known before its record is written: a rollback removes whatever part of it exists.
         self._members.append(member)
         data = body.encode("utf-8") if isinstance(body, str) else body
         self._sizes[member.op_id] = body_length(data)  # measured before the upload reads it
         lc.stage(out, data, op_id=member.op_id, kind=kind, tx=self.id)
-        crash_point("tx.after-stage")
-        return uid, out.where
+
+    def settle_claim(self, settlement: Settlement) -> None:
+        """Make this transaction settle a claim (see the module's text): its commit renames the
+        claim to ``settlement.commit`` before exposing anything, or undoes itself if the claim
+        is gone.  At most one per transaction."""
+        if self.state != "open" or self._settlement is not None:
+            raise RuntimeError(f"transaction {self.id}: a claim can be settled once, while open")
+        self._settlement = settlement
 
     # ------------------------------------------------------------------ the outcome
 
@@ -164,12 +221,12 @@ class Transaction:
 
         Retry after an error: a committed transaction exposes what is left and ends.
         """
-        if self.state in ("done", "rolled back"):
+        if self.state in ("done", "rolled back", "lost"):
             raise RuntimeError(f"transaction {self.id} is {self.state}")
         journal = self._journal()
         with contextlib.ExitStack() as admitted:
             if self.state == "open":
-                if not self._members:
+                if not self._members and self._settlement is None:
                     self.state = "done"
                     return []
                 try:
@@ -179,9 +236,18 @@ class Transaction:
                     self.rollback()
                     raise
                 # Durable: from here on the transaction is committed, whatever happens to this process.
-                journal.record(self.op_id, "commit", durable=True, members=encode_members(self._members))
+                extra = {} if self._settlement is None else {"claim": self._settlement.to_json()}
+                journal.record(self.op_id, "commit", durable=True, members=encode_members(self._members),
+                               **extra)
                 self.state = "committed"
-                crash_point("tx.after-commit-record")
+                crash_point(f"{self._points}.after-commit-record")
+            if self._settlement is not None and not self._settled:
+                lc = self.sender.lifecycle(self._settlement.endpoint)
+                if not settle(lc, self._settlement):
+                    undo(journal, self.op_id, self._settlement, self._members, self.sender.lifecycle)
+                    self.state = "lost"
+                    return []
+                self._settled = True
             # The admitted members stay counted as this process's sends in flight until they
             # are in their boxes: another thread's send must not take their places meanwhile.
             return self._expose_all(journal)
@@ -210,14 +276,23 @@ class Transaction:
         where = []
         for member in self._members:
             lc = self.sender.lifecycle(member.endpoint)
-            if member.op_id not in self._exposed:
-                lc.expose(member.out, staged=True, body=None)
-                self._exposed.add(member.op_id)
+            if (member.endpoint, member.op_id) not in self._exposed:
+                try:
+                    lc.expose(member.out, staged=True, body=None)
+                except SourceGone:
+                    if self._settlement is None:
+                        raise
+                    # A settled claim's copy staged once the record was durable and gone now was
+                    # exposed (an earlier attempt whose reply was lost), or purged with its
+                    # subscription: either way nothing is left to expose.
+                self._exposed.add((member.endpoint, member.op_id))
                 if len(self._exposed) == 1:
-                    crash_point("tx.after-first-expose")
+                    crash_point(f"{self._points}.after-first-expose")
             where.append(member.out.where)
         for member in self._members:
             self.sender.lifecycle(member.endpoint).journal.end(member.op_id)
+        if self._settlement is not None:
+            finish_settlement(self.sender.lifecycle(self._settlement.endpoint), self._settlement)
         journal.end(self.op_id)
         self.state = "done"
         if self._on_submit is not None:
@@ -229,6 +304,8 @@ class Transaction:
         """Remove every staged message; none was visible.  Refused once committed."""
         if self.state in ("committed", "done"):
             raise RuntimeError(f"transaction {self.id} is committed: it cannot be rolled back")
+        if self.state == "lost":
+            raise RuntimeError(f"transaction {self.id} was undone (its claim was lost): nothing to roll back")
         if self.state == "rolled back":
             return
         self.state = "rolled back"
@@ -299,7 +376,9 @@ def recover_transactions(journal: Journal, inbound: Callable[[str], Lifecycle | 
             outcome = f"unknown operation {op.kind!r} dropped"
         else:
             try:
-                outcome = _roll_forward(txj, op.op_id, decode_members(op.fields["members"]), inbound)
+                settlement = Settlement.from_json(op.fields["claim"]) if "claim" in op.fields else None
+                outcome = _roll_forward(txj, op.op_id, decode_members(op.fields["members"]), inbound,
+                                        settlement)
             except FtpbcError as exc:
                 outcome = f"left for the next recovery: {exc}"
                 log.warning("%s: cannot recover transaction yet: %s", op.op_id, exc)
@@ -310,11 +389,19 @@ def recover_transactions(journal: Journal, inbound: Callable[[str], Lifecycle | 
 
 
 def _roll_forward(txj: EndpointJournal, op_id: str, members: list[Member],
-                  inbound: Callable[[str], Lifecycle | None]) -> str:
+                  inbound: Callable[[str], Lifecycle | None], settlement: Settlement | None = None) -> str:
     lifecycles = [inbound(m.endpoint) for m in members]
-    missing = sorted({m.endpoint for m, lc in zip(members, lifecycles, strict=True) if lc is None})
+    claim_lc = inbound(settlement.endpoint) if settlement is not None else None
+    missing = sorted({m.endpoint for m, lc in zip(members, lifecycles, strict=True) if lc is None}
+                     | ({settlement.endpoint} if settlement is not None and claim_lc is None else set()))
     if missing:
         return f"skipped: endpoint {', '.join(missing)} not configured (left pending)"
+    if settlement is not None:
+        assert claim_lc is not None
+        if not settle(claim_lc, settlement):
+            removed = undo(txj, op_id, settlement, members, lambda e: _known(inbound, e))
+            return (f"claim gone (returned to another node, or finished and cleaned up): {removed} staged "
+                    "member(s) removed, none exposed here")
     exposed = 0
     for m, lc in zip(members, lifecycles, strict=True):
         assert lc is not None
@@ -326,6 +413,9 @@ def _roll_forward(txj: EndpointJournal, op_id: str, members: list[Member],
         assert lc is not None
         if _pending(lc.journal, m.op_id):
             lc.journal.end(m.op_id)
+    if settlement is not None:
+        assert claim_lc is not None
+        finish_settlement(claim_lc, settlement)
     txj.end(op_id)
     return (f"committed: rolled forward, {exposed} of {len(members)} member(s) exposed now, "
             "the others were out already")
@@ -335,4 +425,58 @@ def _pending(journal: EndpointJournal, op_id: str) -> bool:
     return any(op.op_id == op_id for op in journal.pending())
 
 
-__all__ = ["TX_KEY", "Member", "Transaction", "open_transactions", "recover_transactions"]
+def _known(inbound: Callable[[str], Lifecycle | None], endpoint: str) -> Lifecycle:
+    lc = inbound(endpoint)
+    assert lc is not None  # checked by the caller
+    return lc
+
+
+def settle(lc: Lifecycle, s: Settlement) -> bool:
+    """Rename a settlement's claim to its commit place; True if it is there (now or already),
+    False if the claim is gone and was never committed (lost to another node).  Idempotent."""
+    t = lc.transport
+    try:
+        lc.layout.ensure_dir(t, s.commit)
+        rename_resolving(t, s.claim, s.commit)
+    except NotFound:  # SourceGone included: settled by an earlier attempt, or lost
+        return t.exists(s.commit)
+    return True
+
+
+def finish_settlement(lc: Lifecycle, s: Settlement) -> None:
+    """After every member is exposed: delete the committed claim if it is not archived, and end
+    the claim's operation in its endpoint's journal."""
+    if s.cleanup:
+        try:
+            lc.transport.delete(s.commit)
+        except NotFound:
+            pass
+    if _pending(lc.journal, s.op_id):
+        lc.journal.end(s.op_id)
+
+
+def undo(txj: EndpointJournal, op_id: str, s: Settlement, members: list[Member],
+         lifecycle: Callable[[str], Lifecycle]) -> int:
+    """The claim was lost: remove every staged member (none was exposed: exposing comes after
+    the claim is settled), end every operation; how many staged files were removed."""
+    removed = 0
+    for m in members:
+        lc = lifecycle(m.endpoint)
+        if m.out.stage:
+            try:
+                lc.transport.delete(m.out.stage)
+                removed += 1
+            except NotFound:
+                pass
+        if _pending(lc.journal, m.op_id):
+            lc.journal.end(m.op_id)
+    claim_lc = lifecycle(s.endpoint)
+    if _pending(claim_lc.journal, s.op_id):
+        claim_lc.journal.end(s.op_id)
+    txj.end(op_id)
+    log.warning("transaction %s: claim %s lost to another node before it was settled; %d staged "
+                "member(s) removed", op_id, s.claim, removed)
+    return removed
+
+
+__all__ = ["TX_KEY", "Member", "Settlement", "Transaction", "open_transactions", "recover_transactions"]

@@ -131,6 +131,9 @@ REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
     "replay": ("src", "dst"),
     "commit": ("members",),  # a transaction's sends, all to be exposed (exchange/transaction.py)
     "delivered": (),
+    # a route's message (exchange/route.py): where it goes, then its stage file complete
+    "routed": ("claim", "commit", "d_server", "d_target", "d_stage"),
+    "staged": (),
     "end": (),
     # written by earlier releases; still read so that an upgrade finishes what they left
     "exposing": (),
@@ -293,10 +296,14 @@ class EndpointJournal:
         """Append one record; with ``durable`` return only once it is on disk."""
         self.record_many([(op_id, event, fields)], durable=durable)
 
-    def record_many(self, records: list[tuple[str, str, dict[str, str]]], *, durable: bool) -> None:
-        """Append several records with at most one fsync (a poll's batch of claims)."""
+    def record_many(self, records: list[tuple[str, str, dict[str, str]]], *, durable: bool) -> int:
+        """Append several records with at most one fsync (a poll's batch of claims).
+
+        Returns the batch's sequence number: with ``durable`` False, :meth:`wait_durable` of it
+        returns once the batch is on disk (the caller's own group commit, see there).
+        """
         if not records:
-            return
+            return 0
         stamp = _now()
         data = b"".join([_line(stamp, op_id, event, fields) for op_id, event, fields in records])
         with self._lock:
@@ -323,6 +330,19 @@ class EndpointJournal:
                     self._maybe_compact()
             finally:
                 self._sync_lock.release()
+        return seq
+
+    def wait_durable(self, seq: int) -> None:
+        """Return once record batch ``seq`` (from :meth:`record_many`) is on disk.
+
+        What ``record(..., durable=True)`` does in one call, in two: a caller that has other
+        things to do between writing a record and needing it durable (a worker handing its
+        handler slot to the next message) writes it with ``durable=False`` and waits here
+        later.  Every batch written before the fsync starts rides on it, so the longer the
+        gap, the more records one fsync covers.  A no-op for a journal with ``durable`` off.
+        """
+        if self.durable:
+            self._sync_through(seq)
 
     def _sync_through(self, seq: int) -> None:
         """Return once record batch ``seq`` (and every one before it) is on disk."""
@@ -400,6 +420,14 @@ class EndpointJournal:
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, self.path)
+        if self.durable:
+            # The rename itself on disk too: a record written just before the compaction (its
+            # writer waits for wait_durable) is in the new file only once the directory says so.
+            fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     # ------------------------------------------------------------------ results
 

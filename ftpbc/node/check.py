@@ -481,6 +481,9 @@ def check_server(config: Config, server_name: str, timeout: float) -> tuple[Serv
     areas = [AreaCheck("endpoint", n, server_name, ep.repository,
                        _check_handler(config, f"endpoints.{n}.handler", ep.handler))
              for n, ep in sorted(config.endpoints.items()) if ep.server == server_name]
+    # a topic's incoming area is checked as the endpoint it is (docs/topics.md)
+    areas += [AreaCheck("endpoint", n, server_name, tc.incoming_dir)
+              for n, tc in sorted(config.topics.items()) if tc.server == server_name]
     transfers = {n: tc for n, tc in config.transfers.items() if tc.server == server_name}
     areas += [AreaCheck("transfer", n, server_name, _transfer_location(tc),
                         _check_handler(config, f"transfers.{n}.handler", tc.handler))

@@ -87,7 +87,8 @@ def loop_ages(liveness: Liveness) -> list[tuple[str, float]]:
 
 def not_ready(node: Watched) -> list[str]:
     """Why the node is not ready; empty when it is."""
-    served = getattr(node, "handlers", None) or getattr(node, "transfer_handlers", None)
+    served = (getattr(node, "handlers", None) or getattr(node, "transfer_handlers", None)
+              or getattr(node, "topics", None))
     if served and not node.providers:
         return ["starting: recovery or the servers are not done yet"]
     return [f"{loop} made no progress for {age:.1f} s (allowed {loop_interval(node, loop):g} s)"

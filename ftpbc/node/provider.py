@@ -7,7 +7,10 @@ followed at once by the next one (once half the workers are free); empty polls
 then back off from 2 ms to ``poll_interval``, the wait of an endpoint that stays idle.
 
 A worker reads the claimed file (spooled to disk past a few MiB), calls the handler, records the
-result durably, then commits and replies (see :mod:`ftpbc.lifecycle`).  A handler that raises
+result durably, then commits and replies (see :mod:`ftpbc.lifecycle`).  Once the result is written
+to the journal its slot goes to the next claim: the record's fsync (shared with every record
+written meanwhile) and the commit run on, on a thread of their own, and nothing is committed
+before the record is on disk; handlers never run more than ``workers`` at once.  A handler that raises
 sends the request to ``inerror`` with the reason beside it and the caller gets an error reply at
 once.  Remote failures after the result is recorded are retried with backoff until they succeed
 or the node stops, in which case recovery finishes the job on the next start.
@@ -31,6 +34,8 @@ from typing import Protocol, TypeVar
 from ftpbc.cluster.liveness import Liveness, LoopGuard
 from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.errors import MessageTooLarge, NotFound, TransportError, UnsafeEntry
+from ftpbc.exchange.backlog import RELIST_COST_FACTOR as RELIST_COST_FACTOR
+from ftpbc.exchange.backlog import BoxLister
 from ftpbc.exchange.layout import KEY_PREFIX as TRANSFER_KEY_PREFIX
 from ftpbc.exchange.layout import Candidate
 from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Lifecycle
@@ -48,11 +53,13 @@ LOCK_RETRY = 0.005
 CLAIM_WINDOW = 8
 #: a poll gives up on a remembered backlog after this many attempts per claim it wanted
 STALE_TRIES = 4
-#: a remembered backlog is relisted after poll_interval, or after this many times what its
-#: listing took if that is longer (bounds the share of the poller spent listing)
-RELIST_COST_FACTOR = 5
-#: first wait after a poll that found work; doubles up to poll_interval
+#: first wait after a poll that found work; grows by IDLE_GROWTH per empty poll up to poll_interval
 FIRST_IDLE_WAIT = 0.002
+#: gentle, not doubling: while requests keep coming every few milliseconds, the wait after an
+#: empty poll stays near the gap between them (doubling let a request that came after three
+#: empty polls wait up to 16 ms for the next); an endpoint that goes idle still reaches
+#: poll_interval, after about 20 empty polls (0.3 s at 50 ms, 5 s at 1 s)
+IDLE_GROWTH = 1.25
 #: how long a stopping node still tries to deliver results already recorded
 FINISH_GRACE = 5.0
 
@@ -107,10 +114,17 @@ class Poller:
         self._guard = LoopGuard(f"poller {name}", liveness, self._stop, first_wait=config.poll_interval,
                                 logger=log)
         self._liveness = liveness
-        self._pool = ThreadPoolExecutor(config.workers, thread_name_prefix=f"ftpbc-{name}")
+        # Twice the workers: ``workers`` threads handling messages, and up to as many more whose
+        # message is handled and waits only for its record's fsync and its commit (see
+        # _leave_slot); handlers never run more than ``workers`` at once.
+        self._pool = ThreadPoolExecutor(config.workers * 2, thread_name_prefix=f"ftpbc-{name}")
         self._thread: threading.Thread | None = None
+        #: items claimed whose handling is not done (each holds a slot of _capacity)
         self._in_flight = 0
+        #: items handled that wait for their fsync and commit on a thread of their own (no slot)
+        self._committing = 0
         self._in_flight_cv = threading.Condition()
+        self._left = threading.local()
         # Claimed work a node may hold: one claim per worker, none queued behind a busy worker
         # while another node's workers are idle, and refilled only once half of it is free while
         # work keeps coming.  A listing still serves many claims: what it found is remembered as
@@ -182,14 +196,14 @@ class Poller:
                 self._stop.wait(LOCK_RETRY)
                 continue
             self._stop.wait(idle_wait)
-            idle_wait = min(idle_wait * 2, self.config.poll_interval)
+            idle_wait = min(idle_wait * IDLE_GROWTH, self.config.poll_interval)
         if self._liveness is not None:
             self._liveness.forget(self._guard.loop)
 
     @property
     def in_flight(self) -> int:
-        """Items claimed and not finished yet."""
-        return self._in_flight
+        """Items claimed and not finished yet (being handled, or handled and being committed)."""
+        return self._in_flight + self._committing
 
     def _free_slots(self) -> int:
         """How many items to claim now; waits until at least ``_refill_at`` are free."""
@@ -206,14 +220,39 @@ class Poller:
         self._pool.submit(self._work, job, what)
 
     def _work(self, job: Callable[[], object], what: str) -> None:
+        self._left.slot = False
         try:
             job()
         except Exception:
             log.exception("%s: unexpected failure serving %s", self.name, what)
         finally:
             with self._in_flight_cv:
-                self._in_flight -= 1
+                if self._left.slot:
+                    self._committing -= 1
+                else:
+                    self._in_flight -= 1
                 self._in_flight_cv.notify_all()
+            self._left.slot = None
+
+    def _leave_slot(self) -> None:
+        """Called by a job, on its worker thread, once its handler is done and its result is
+        written to the journal: only the record's fsync and the commit are left.  Its slot goes
+        to the next claim, so the fsync's wait no longer holds a worker (and the next message's
+        record joins the same fsync, or the one after it).  Handlers still run ``workers`` at
+        most; at most ``workers`` items wait like this (beyond that the job keeps its slot), so
+        the pool's ``2 x workers`` threads always suffice and no claimed item ever queues.
+        A no-op outside a dispatched job (a message read in place is served on the poller's
+        own thread, holding no slot).
+        """
+        if getattr(self._left, "slot", None) is not False:
+            return
+        with self._in_flight_cv:
+            if self._committing >= self._capacity:
+                return
+            self._in_flight -= 1
+            self._committing += 1
+            self._in_flight_cv.notify_all()
+        self._left.slot = True
 
     def _retry(self, step: Callable[[], T]) -> T | None:
         """Run an idempotent step until it succeeds or the node stops (recovery then finishes).
@@ -245,14 +284,14 @@ class Poller:
         if self._thread is not None:
             self._thread.join(timeout=max(drain_timeout, 1.0))
         with self._in_flight_cv:
-            busy = self._in_flight
+            busy = self._in_flight + self._committing
         if busy:
             log.info("%s: draining %d in-flight message(s), up to %g s", self.name, busy, drain_timeout)
         deadline = time.monotonic() + drain_timeout
         with self._in_flight_cv:
-            while self._in_flight > 0 and time.monotonic() < deadline:
+            while self._in_flight + self._committing > 0 and time.monotonic() < deadline:
                 self._in_flight_cv.wait(min(0.1, max(deadline - time.monotonic(), 0.001)))
-            drained = self._in_flight == 0
+            drained = self._in_flight + self._committing == 0
         clean = drained or self._hand_back()
         if not drained:
             # Results being delivered get a short grace; handlers still running are abandoned
@@ -289,14 +328,19 @@ class Provider(Poller):
         self.in_place = lifecycle.layout.select is None
         # What the last listing found and this node has not claimed yet, best first.
         self._backlog: deque[Candidate] = deque()
-        #: when the listing behind the backlog was made (time.monotonic), and how long it took
+        #: what the next listing is: the whole box, or a part of a large one (exchange.backlog)
+        self.lister = BoxLister(lifecycle, poll_interval=config.poll_interval)
+        #: when the listing behind the backlog was made (time.monotonic())
         self._listed_at = 0.0
-        self._listing_seconds = 0.0
         #: the longest listing of the box so far (seconds): bounds how stale a backlog can get
         self.longest_listing = 0.0
         #: messages this node found expired and filed, never delivered
         self.expired = 0
         lifecycle.observer = self._observer
+
+    def stop(self, drain_timeout: float) -> bool:
+        self.lister.close()  # a complete pass of a large box under way ends with its listing
+        return super().stop(drain_timeout)
 
     def _observed(self, observer: EndpointObserver) -> None:
         # The lifecycle files dead letters (in workers, the sweeper and recovery alike): it
@@ -329,24 +373,24 @@ class Provider(Poller):
             return sum(1 for c in claimed if not self._stop.is_set() and self._serve_one(c))
         listed = False
         won = lost = tried = 0
-        relist_after = max(self.config.poll_interval, RELIST_COST_FACTOR * self._listing_seconds)
-        if self._backlog and time.monotonic() - self._listed_at >= relist_after:
+        if self._backlog and self.lister.stale():
             # Relisted once it is a poll_interval old, used up or not: a message that arrived
             # since (a priority 9 behind 2,000 of priority 4) waits one interval at most, and a
             # large backlog costs one listing per interval, as an idle endpoint does.  Unless
             # the listing itself takes longer than a fraction of that interval (10,000 entries
             # at a short poll_interval): then it is relisted after RELIST_COST_FACTOR listing
             # times, so listing never takes more than about 1/RELIST_COST_FACTOR of the poller.
+            # A large box's backlog is kept until used up or a complete pass is due instead.
             self._backlog.clear()
         while won < free and tried < STALE_TRIES * free:
             if not self._backlog:
                 if listed:
                     break
-                started = time.monotonic()
-                self._backlog = deque(self._selected(lc.waiting()))
+                # A large box is listed a part at a time (a slice, or the first part), and
+                # its best messages only are kept: see exchange.backlog.
+                self._backlog = deque(self._selected(self.lister.refill()))
                 self._listed_at = time.monotonic()
-                self._listing_seconds = self._listed_at - started
-                self.longest_listing = max(self.longest_listing, self._listing_seconds)
+                self.longest_listing = max(self.longest_listing, self.lister.listing_seconds)
                 self.observer.listed(c.mtime for c in self._backlog)
                 listed = True
                 self._expire_found(free)
@@ -354,6 +398,7 @@ class Provider(Poller):
                     break
             picks = self._take(free - won)
             claimed, lost_now = lc.claim(picks, "serve")
+            self.lister.taken(c.name for c in picks)  # a complete pass under way may list them
             if claimed and log.isEnabledFor(logging.DEBUG):
                 for c in claimed:
                     log.debug("%s: claimed %s", self.name, c.name, extra=_about(self.name, c))
@@ -533,7 +578,10 @@ class Provider(Poller):
             self._outcome(claimed, "returned", started, "(handed back at shutdown; its result is dropped)")
             return False
         try:
-            fields = lc.record_served(claimed, result, error=error)
+            served = lc.write_served(claimed, result, error=error)
+            # Handled: the slot goes to the next claim while this thread waits for the fsync.
+            self._leave_slot()
+            fields = lc.served_durable(served)
         except Exception as exc:
             # Nothing recorded (a full or broken journal): the result cannot be delivered safely,
             # so the message goes back for any node; this node's poller stops too (its claims

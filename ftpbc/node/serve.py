@@ -23,6 +23,7 @@ from ftpbc.exchange.message import Message
 from ftpbc.exchange.recovery import Action
 from ftpbc.exchange.runtime import Runtime
 from ftpbc.exchange.sweeper import Sweeper
+from ftpbc.node.fanout import FanOut, TopicSweeper, declare_subscriptions, remove_orphan_copies
 from ftpbc.node.provider import Poller, Provider
 
 log = logging.getLogger("ftpbc.node")
@@ -88,13 +89,25 @@ class Node:
             if tc.receive_from is not None and (tc.handler or name in handlers):
                 self.transfer_handlers[name] = handlers.get(name) or load_handler(
                     str(tc.handler), key=f"transfers.{name}.handler", source=config.source, path=search)
+        #: the topics this node fans out (docs/topics.md)
+        self.topics = sorted(name for name, topic in config.topics.items() if topic.fanout)
         workers = (sum(config.endpoints[n].workers for n in self.handlers)
-                   + sum(config.transfers[n].workers for n in self.transfer_handlers))
-        served_count = len(self.handlers) + len(self.transfer_handlers)
+                   + sum(config.transfers[n].workers for n in self.transfer_handlers)
+                   + sum(config.topics[n].workers for n in self.topics))
+        served_count = len(self.handlers) + len(self.transfer_handlers) + len(self.topics)
+        #: the routes this node serves (docs/routing.md): each is its source endpoint's handler
+        self.routes = sorted(config.routes)
+        workers += sum(config.endpoints[config.routes[n].source].workers for n in self.routes)
+        served_count += len(self.routes)
         self.runtime = Runtime(config, connections=workers + 2 * served_count + 1)
         # Published in every heartbeat, so that ``ftpbc status`` shows what each node serves.
-        self.runtime.heartbeat.serves = Serves(tuple(sorted(self.handlers)),
+        self.runtime.heartbeat.serves = Serves(tuple(sorted([*self.handlers, *self.topics])),
                                                tuple(sorted(self.transfer_handlers)))
+        if self.routes:
+            serves = self.runtime.heartbeat.serves or Serves()
+            sources = {config.routes[n].source for n in self.routes}
+            self.runtime.heartbeat.serves = Serves(tuple(sorted({*serves.endpoints, *sources})),
+                                                   serves.transfers)
         self.providers: dict[str, Poller] = {}
         self.sweepers: list[Sweeper] = []
         #: sweep rounds done (every sweeper once per round)
@@ -159,6 +172,43 @@ class Node:
             log.info("serving transfer %s on %s%s (lock: %s, workers: %d, node: %s)", name,
                      self.config.servers[tc.server].display, tc.receive_from, tc.lock, tc.workers,
                      self.node_id)
+        self._build_topics()
+        self._build_routes()
+
+    def _build_topics(self) -> None:
+        """A fan-out provider and a sweeper per topic; declared subscriptions made first."""
+        from ftpbc.exchange.topics import Registry
+
+        for name in self.topics:
+            topic = self.config.topics[name]
+            registry = Registry(self.runtime, name)
+            declare_subscriptions(registry, topic, self.node_id)
+            remove_orphan_copies(self.runtime, name)
+            lock = self.runtime.coordination.poll_lock(name, topic.lock)
+            self.providers[name] = FanOut(name, topic, self.runtime, registry, lock,
+                                          liveness=self.runtime.liveness)
+            self.sweepers.append(TopicSweeper(self.runtime, name, registry))
+            log.info("serving topic %s (fan-out) on %s%s (lock: %s, workers: %d, node: %s)", name,
+                     self.config.servers[topic.server].display, topic.repository, topic.lock, topic.workers,
+                     self.node_id)
+
+    def _build_routes(self) -> None:
+        """A router and a sweeper per route: the route serves its source endpoint's inbox."""
+        from ftpbc.node.router import Router, status_dir
+
+        for name in self.routes:
+            route = self.config.routes[name]
+            ep = self.config.endpoints[route.source]
+            inbound, outbound = self.runtime.endpoint_lifecycles(route.source)
+            lock = self.runtime.coordination.poll_lock(route.source, ep.lock)
+            self.providers[f"route:{name}"] = Router(name, self.config, inbound, lock,
+                                                     liveness=self.runtime.liveness,
+                                                     status_dir=status_dir(self.config))
+            self.sweepers.append(Sweeper([inbound, outbound], self.runtime.coordination,
+                                         uncollected_after=ep.uncollected_after))
+            log.info("routing %s from %s%s (%d rulesets, lock: %s, workers: %d, node: %s)", name,
+                     self.config.servers[ep.server].display, ep.repository, len(route.rulesets), ep.lock,
+                     ep.workers, self.node_id)
 
     def _sweep_loop(self) -> None:
         interval = self.config.node.lease / 3

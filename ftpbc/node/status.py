@@ -22,6 +22,7 @@ from ftpbc.cluster.heartbeat import HeartbeatInfo, read_heartbeats
 from ftpbc.config.models import Config
 from ftpbc.errors import FtpbcError, NotFound
 from ftpbc.exchange.area import KINDS, REASON_SUFFIX, ExchangeArea, parse_archive_name
+from ftpbc.node.route_status import RouteStatus, render_routes, route_statuses
 from ftpbc.transport import Transport, open_transport
 from ftpbc.transport.base import Entry
 
@@ -81,6 +82,10 @@ class ClusterStatus:
     coordination: str = ""
     #: why no heartbeats could be read (the coordination server failed); None when they were
     nodes_error: str | None = None
+    #: the topics, their incoming areas and subscriptions (see :func:`topic_statuses`)
+    topics: list[TopicStatus] = field(default_factory=list)
+    #: the routes and their live destinations per node (see :mod:`ftpbc.node.route_status`)
+    routes: list[RouteStatus] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -125,7 +130,7 @@ def _files(transport: Transport, path: str) -> list[Entry]:
 def endpoint_status(name: str, config: Config, transport: Transport, *,
                     now: datetime | None = None) -> EndpointStatus:
     """Depths, oldest waiting ages and last-minute throughput of endpoint ``name``."""
-    ep = config.endpoints[name]
+    ep = config.endpoint(name)  # a topic's areas too (docs/topics.md)
     status = EndpointStatus(name, ep.server, ep.repository)
     area = ExchangeArea(ep.repository)
     now = now or datetime.now(UTC)
@@ -170,7 +175,8 @@ def cluster_status(config: Config) -> ClusterStatus:
     attribute_served(nodes, endpoints)
     return ClusterStatus(str(config.node.state_dir), config.node.lease,
                          datetime.now(UTC).isoformat(timespec="seconds"), nodes, endpoints,
-                         coordination=where, nodes_error=nodes_error)
+                         coordination=where, nodes_error=nodes_error, topics=topic_statuses(config),
+                         routes=route_statuses(config, {n.id: n.alive for n in nodes}))
 
 
 def render(status: ClusterStatus) -> str:
@@ -210,4 +216,83 @@ def render(status: ClusterStatus) -> str:
         per_node = ", ".join(f"{node} {count}" for node, count in sorted(ep.served_last_minute.items()))
         lines.append(f"  served in the last minute: {ep.served_total}"
                      + (f" ({per_node})" if per_node else ""))
+    lines.extend(render_topics(status.topics))
+    lines.extend(render_routes(status.routes))
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- topics
+
+
+@dataclass
+class SubscriptionStatus:
+    name: str
+    durable: bool
+    selector: str | None
+    owner: str
+    created: str
+    #: messages waiting in its inbox
+    backlog: int
+    area: EndpointStatus
+
+
+@dataclass
+class TopicStatus:
+    name: str
+    server: str
+    repository: str
+    #: the incoming area (``inbox``: published, not fanned out yet; ``inarchive``: fanned out)
+    incoming: EndpointStatus | None = None
+    subscriptions: list[SubscriptionStatus] = field(default_factory=list)
+    error: str | None = None
+
+
+def topic_statuses(config: Config) -> list[TopicStatus]:
+    """Every topic: its incoming area's depths and fan-out throughput (its archive), and each
+    subscription with its backlog; a topic whose server fails says so in ``error``."""
+    from ftpbc.exchange.topics import read_subscriptions
+
+    out = []
+    for name in sorted(config.topics):
+        tc = config.topics[name]
+        status = TopicStatus(name, tc.server, tc.repository)
+        try:
+            with open_transport(config.servers[tc.server]) as transport:
+                status.incoming = endpoint_status(name, config, transport)
+                for sub in read_subscriptions(transport, name, tc):
+                    area = endpoint_status(sub.endpoint, config, transport)
+                    status.subscriptions.append(SubscriptionStatus(
+                        sub.name, sub.durable, sub.selector, sub.owner,
+                        sub.created.isoformat(timespec="seconds"), area.depth.get("inbox", 0), area))
+        except FtpbcError as exc:
+            status.error = f"{type(exc).__name__}: {exc}"
+        out.append(status)
+    return out
+
+
+def render_topics(topics: list[TopicStatus]) -> list[str]:
+    """The lines ``ftpbc status`` shows for the topics."""
+    lines = []
+    for t in topics:
+        lines.append(f"topic {t.name} ({t.server}:{t.repository})")
+        if t.error or t.incoming is None:
+            lines.append(f"  cannot list: {t.error}")
+            continue
+        inc = t.incoming
+        oldest = inc.oldest_age.get("inbox")
+        lines.append(f"  incoming inbox {inc.depth.get('inbox', 0)}"
+                     + (f" (oldest {oldest:.1f} s)" if oldest is not None else "")
+                     + f"  inselect {inc.depth.get('inselect', 0)}  inerror {inc.depth.get('inerror', 0)}"
+                     + f"  fanned out in the last minute: {inc.served_total}")
+        if not t.subscriptions:
+            lines.append("  no subscriptions")
+        for s in t.subscriptions:
+            age = s.area.oldest_age.get("inbox")
+            kind = "durable" if s.durable else f"non-durable (owner {s.owner})"
+            extra = "".join(f"  {d} {s.area.depth[d]}" for d in ("inselect", "inerror", "indead")
+                            if s.area.depth.get(d))
+            lines.append(f"  subscription {s.name}: {kind}"
+                         + (f", selector {s.selector!r}" if s.selector else "")
+                         + f"; backlog {s.backlog}" + (f" (oldest {age:.1f} s)" if age is not None else "")
+                         + extra)
+    return lines

@@ -40,14 +40,25 @@ from __future__ import annotations
 
 import builtins
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from fnmatch import fnmatchcase
 from typing import BinaryIO
 
-from ftpbc.errors import NotFound
+from ftpbc.errors import NotFound, TransportError
 from ftpbc.paths import check_name, join, normalize
 
-__all__ = ["Entry", "Refused", "Transport", "check_name", "join", "normalize", "stream_position"]
+__all__ = ["Entry", "GlobRefused", "Refused", "Transport", "Visit", "check_name", "join", "normalize",
+           "stream_position"]
+
+#: what :meth:`Transport.scan` hands each entry to; False stops the listing there
+Visit = Callable[["Entry"], bool]
+
+
+class GlobRefused(TransportError):
+    """The server would not list by a name glob (pyftpdlib: ``550``): list the whole
+    directory instead.  The transport remembers it (``globs`` becomes False)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +91,37 @@ class Transport(ABC):
     @abstractmethod
     def list(self, path: str, *, timeout: float | None = None) -> list[Entry]:
         """Entries of directory ``path`` (without ``.`` and ``..``).  NotFound if it is missing."""
+
+    #: whether :meth:`scan` can have the server select names by a glob (so that a slice of a
+    #: huge directory costs the server a directory read, not a listing of every entry): True,
+    #: False, or None while not known (FTP: known after the first glob listing)
+    globs: bool | None = False
+
+    def scan(self, path: str, visit: Visit, *, glob: str | None = None, refuse_dirs: bool = False,
+             refused: builtins.list[Refused] | None = None, timeout: float | None = None) -> bool:
+        """Hand the entries of directory ``path`` to ``visit`` as the listing comes in; True if
+        the listing was read to its end, False if ``visit`` stopped it (returned False: the rest
+        is not read, nor held in memory).
+
+        ``glob`` (``*``, ``?``, matched case-sensitively against whole names) selects entries:
+        by the server where it can (``globs``), else here; either way ``visit`` sees matching
+        entries only.  A server that refuses globs raises GlobRefused (nothing was visited).
+        Entries a listing refuses (see :meth:`list_refusing`) go to ``refused`` when given.
+        The same bounds as :meth:`list` hold (``max_listing_entries``, bad lines skipped).  A
+        listing retried after a dropped connection may hand an entry to ``visit`` twice.
+
+        This default lists the whole directory first, then visits it: memory grows with the
+        directory; the FTP, SFTP and local transports stream instead.
+        """
+        entries, left_out = self.list_refusing(path, refuse_dirs=refuse_dirs, timeout=timeout)
+        if refused is not None:
+            refused.extend(left_out)
+        for e in entries:
+            if glob is not None and not fnmatchcase(e.name, glob):
+                continue
+            if not visit(e):
+                return False
+        return True
 
     @abstractmethod
     def put(self, path: str, stream: BinaryIO, *, timeout: float | None = None) -> int:

@@ -7,7 +7,8 @@ What each session does once, at login: ``TCP_NODELAY`` on the control socket (an
 socket), ``FEAT`` to learn MLSD/MLST/EPSV/MDTM/SIZE, ``TYPE I``.  ftplib's ``storbinary``/
 ``retrbinary`` re-send ``TYPE`` on every call; this module opens data connections itself
 (EPSV when advertised, else PASV; active mode is not implemented, and ``passive: false`` is
-refused), which is what makes one STOR cost one data connection and nothing more.  A PASV
+refused), which is what makes one STOR cost one data connection and nothing more; the passive
+request and the transfer command go out in one write (one round trip fewer per transfer).  A PASV
 reply naming another address than the control connection's peer (a server behind NAT
 announcing its private address) is ignored in favour of the control host.
 
@@ -58,6 +59,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from fnmatch import fnmatchcase
 from typing import BinaryIO, TypeVar
 
 from ftpbc.config.servers import ACTIVE_MODE_REFUSAL, ServerConfig, tls_refusal
@@ -70,7 +72,7 @@ from ftpbc.errors import (
     ProtocolError,
     SourceGone,
 )
-from ftpbc.transport.base import Entry, Transport, normalize, stream_position
+from ftpbc.transport.base import Entry, GlobRefused, Refused, Transport, Visit, normalize, stream_position
 from ftpbc.transport.errormap import (
     BadReply,
     DeadlineExceeded,
@@ -94,6 +96,8 @@ MAX_REPLY = 64 * 1024
 _RECV = 8192
 #: bytes handed to a TLS data socket per write while its rate is watched (one TLS record)
 _TLS_PIECE = 16 * 1024
+#: bytes one listing line may take (a name is at most 4096 characters, see _usable)
+MAX_LISTING_LINE = 64 * 1024
 #: a transient 425 to EPSV/PASV is asked again this many times, after 10, 20, 40 ms
 PASSIVE_RETRIES = 3
 #: how long closing a session waits for the reply to QUIT, and for the server's close_notify
@@ -293,6 +297,8 @@ class FTPTransport(Transport):
         self._context = self._tls_context() if self._tls else None
         self._parsed = _ParsedLines()
         self._bad_lines: set[str] = set()
+        #: whether the server lists by glob (see scan): not known until it is asked
+        self.globs: bool | None = None
         self._pool: Pool[_Session] = Pool(connect=self._connect, check=self._healthy, close=_close,
                                           size=cfg.pool_size, server=self.server,
                                           default_timeout=cfg.timeout)
@@ -319,6 +325,53 @@ class FTPTransport(Transport):
                                   path=path, command="LIST", reported=self._bad_lines)
 
         return self._run(path, op, timeout=timeout, repeatable=True)
+
+    def scan(self, path: str, visit: Visit, *, glob: str | None = None, refuse_dirs: bool = False,
+             refused: builtins.list[Refused] | None = None, timeout: float | None = None) -> bool:
+        """Streamed: lines are parsed and visited as they arrive, and a ``visit`` that stops the
+        listing closes its data connection (the server reads no further, and nothing more is
+        held here).  With ``glob`` the server is asked for ``LIST -a <glob>`` (vsftpd, ProFTPD
+        and pure-ftpd select names so; MLSD takes no glob); one that refuses it (pyftpdlib:
+        ``550``) raises GlobRefused once and is never asked again.  Names are matched here
+        too, so a server that ignores the glob costs time, never correctness."""
+        remote = self._remote(path)
+        visited = [0]
+
+        def counted(e: Entry) -> bool:
+            if glob is not None and not fnmatchcase(e.name, glob):
+                return True
+            visited[0] += 1
+            return visit(e)
+
+        def op(s: _Session, progress: Progress) -> bool:
+            if glob is not None and self.globs is not False:
+                self._cwd(s, remote)
+                now = datetime.now(UTC)
+                try:
+                    done = self._stream(s, f"LIST -a {glob}", path,
+                                        lambda ln: self._parsed.list_line(ln, now), counted, label="LIST")
+                except ftplib.error_perm as exc:
+                    if str(exc)[:3] not in ("501", "550", "450"):
+                        raise
+                    self.globs = False
+                    raise GlobRefused(f"the server does not list by glob ({glob!r}): {exc}",
+                                      server=self.server, path=path) from None
+                self.globs = True
+                return done
+            if s.has("MLSD"):
+                try:
+                    return self._stream(s, f"MLSD {remote}", path, self._parsed.mlsx, counted, label="MLSD")
+                except ftplib.error_perm as exc:
+                    if str(exc)[:3] in ("501", "550", "450"):
+                        raise NotFound(f"no such directory: {exc}", server=self.server, path=path) from None
+                    raise
+            self._cwd(s, remote)
+            now = datetime.now(UTC)
+            return self._stream(s, "LIST -a", path, lambda ln: self._parsed.list_line(ln, now), counted,
+                                label="LIST")
+
+        # Repeated after a lost connection only while nothing was visited (no duplicates then).
+        return self._run(path, op, timeout=timeout, repeatable=lambda: visited[0] == 0)
 
     def put(self, path: str, stream: BinaryIO, *, timeout: float | None = None) -> int:
         remote = self._remote(path)
@@ -602,6 +655,55 @@ class FTPTransport(Transport):
             lines = lines[:self.cfg.max_listing_entries]
         return lines
 
+    def _stream(self, s: _Session, command: str, path: str, parse: Callable[[str], Entry | None],
+                visit: Visit, *, label: str) -> bool:
+        """Parse a listing's lines as they arrive and hand each entry to ``visit``; True if read
+        to its end, False if ``visit`` stopped it.  The bounds of :meth:`_read_lines` hold
+        (``max_listing_entries``), a line may be MAX_LISTING_LINE bytes, and a line that does
+        not parse is skipped as :func:`_parse_listing` does."""
+        limit = self.cfg.max_listing_entries + 1  # + LIST's "total" line
+        lines = _LineParser(parse, server=self.server, path=path, command=label, reported=self._bad_lines)
+        count = 0
+        stopped = over = False
+        with self._data(s, command, path, None) as conn:
+            guard = self._guard(conn)
+            pending = b""
+            buf, view = _buffer()
+            while not (stopped or over) and (n := conn.recv_into(buf)):
+                _quickack(conn)
+                if guard is not None:
+                    guard.add(n)
+                *complete, pending = (pending + view[:n]).split(b"\n")
+                if len(pending) > MAX_LISTING_LINE:
+                    raise ProtocolError(f"a {label} line longer than {MAX_LISTING_LINE} bytes",
+                                        server=self.server, path=path)
+                for raw in complete:
+                    count += 1
+                    if count > limit:
+                        over = True
+                        break
+                    entry = lines.feed(raw)
+                    if entry is not None and not visit(entry):
+                        stopped = True
+                        break
+            if not (stopped or over):
+                if pending and (entry := lines.feed(pending)) is not None:
+                    visit(entry)
+                _unwrap(conn)
+        if stopped or over:
+            # Data connection closed early: the server answers 426 (or 226 if it had sent all).
+            try:
+                s.ftp.voidresp()
+            except ftplib.Error:
+                pass
+            if over:
+                log.warning("%s %s: listing stopped at %d entries (max_listing_entries)", self.server, path,
+                            self.cfg.max_listing_entries)
+        else:
+            s.ftp.voidresp()
+        lines.finish()
+        return not stopped
+
     def _guard(self, conn: socket.socket) -> RateGuard | None:
         """The minimum-rate check for one transfer on ``conn``, None when it is off.
 
@@ -619,15 +721,24 @@ class FTPTransport(Transport):
     @contextmanager
     def _data(self, s: _Session, command: str, path: str,
               progress: Progress | None) -> Iterator[socket.socket]:
-        """A data connection for ``command`` (STOR/RETR/LIST...), closed after the block."""
+        """A data connection for ``command`` (STOR/RETR/LIST...), closed after the block.
+
+        The passive request and ``command`` go out in one write (see :meth:`_passive`), so the
+        command waits at the server while the data connection is opened: one round trip per
+        transfer fewer, the same commands in the same order.
+        """
         ftp = s.ftp
-        host, port = self._passive(s)
-        conn = socket.create_connection((host, port), ftp.timeout)
+        host, port = self._passive(s, command, progress)
+        try:
+            conn = socket.create_connection((host, port), ftp.timeout)
+        except ConnectionRefusedError:
+            # A server that refuses the command at once (ProFTPD: 550 for a missing file)
+            # closes the passive port before the client gets to it: its reply says why.
+            resp = ftp.getresp()  # raises the refusal (error_perm / error_temp)
+            raise ftplib.error_reply(f"{command.split(' ', 1)[0]} answered {resp!r}, but its data "
+                                     "port refused the connection") from None
         try:
             _nodelay(conn)
-            ftp.putcmd(command)
-            if progress is not None:
-                progress.sent = True
             resp = ftp.getresp()
             if resp[0] == "2":  # some servers send 2xx before the transfer reply
                 resp = ftp.getresp()
@@ -645,25 +756,45 @@ class FTPTransport(Transport):
         finally:
             conn.close()
 
-    def _passive(self, s: _Session) -> tuple[str, int]:
-        """Where to open the next data connection: EPSV when advertised, else PASV.
+    def _passive(self, s: _Session, command: str, progress: Progress | None) -> tuple[str, int]:
+        """Send EPSV (when advertised, else PASV) and ``command`` in one write; return where to
+        open the data connection.  ``command``'s own reply is left for the caller, to read
+        once connected (a server answers it only then, or says 150 and waits).
 
-        A 425 is asked again, up to PASSIVE_RETRIES times with a short backoff: ProFTPD answers
-        "425 Unable to build data connection: Address already in use" when the passive port it
-        picked at random cannot be bound, and picks another one next time.  Nothing was sent
-        but the passive request itself, so asking again changes nothing on the server.
+        A passive request that fails leaves ``command`` without a data port: the server
+        refuses it (425, 503...) and it does nothing.  Its reply is read here, so the session
+        stays in step; an answer that it began anyway (1xx, 2xx) is a ProtocolError, and the
+        session is dropped.  A 425 is asked again, up to PASSIVE_RETRIES times with a short
+        backoff: ProFTPD answers "425 Unable to build data connection: Address already in use"
+        when the passive port it picked at random cannot be bound, and picks another next time.
         """
         ftp = s.ftp
+        if "\r" in command or "\n" in command:  # what ftplib's putline refuses, for the same reason
+            raise ValueError(f"a line break in an FTP command: {command[:200]!r}")
+        epsv = s.has("EPSV")
+        request = f"{'EPSV' if epsv else 'PASV'}\r\n{command}\r\n".encode(ftp.encoding)
         for attempt in range(PASSIVE_RETRIES + 1):
+            s.sock.sendall(request)
+            if progress is not None:
+                progress.sent = True
             try:
-                if s.has("EPSV"):
-                    return ftplib.parse229(ftp.sendcmd("EPSV"), s.sock.getpeername())
-                _announced, port = ftplib.parse227(ftp.sendcmd("PASV"))
+                if epsv:
+                    return ftplib.parse229(ftp.voidresp(), s.sock.getpeername())
+                _announced, port = ftplib.parse227(ftp.voidresp())
                 # A server behind NAT announces its private address; the control host works.
                 return s.peer_host, port
-            except ftplib.error_temp as exc:
-                if not str(exc).startswith("425") or attempt == PASSIVE_RETRIES:
-                    raise
+            except (ftplib.error_temp, ftplib.error_perm) as exc:
+                refused = exc  # (a reply that cannot be parsed raises: the session is dropped)
+            try:
+                ftp.getresp()
+            except ftplib.Error:
+                pass  # the command refused, as it must be without a data port
+            else:
+                raise ProtocolError(f"{command.split(' ', 1)[0]} was accepted after its passive request "
+                                    f"failed ({refused})", server=self.server)
+            if not (isinstance(refused, ftplib.error_temp) and str(refused).startswith("425")) \
+                    or attempt == PASSIVE_RETRIES:
+                raise refused
             time.sleep(0.01 * 2**attempt)
         raise AssertionError("unreachable")
 
@@ -921,6 +1052,52 @@ def _parse_listing(lines: Iterable[str], parse: Callable[[str], Entry | None], *
             reported.add(line)
             log.warning("%s%s: skipped a %s entry: %s", server, path, command, why)
     return entries
+
+
+class _LineParser:
+    """:func:`_parse_listing` one line at a time, for a listing parsed as it streams in: the
+    same rules (a bad line or an unusable name logged once and skipped), and :meth:`finish`
+    refuses a listing none of whose lines parsed."""
+
+    def __init__(self, parse: Callable[[str], Entry | None], *, server: str, path: str, command: str,
+                 reported: set[str]) -> None:
+        self.parse = parse
+        self.server, self.path, self.command, self.reported = server, path, command, reported
+        self.parsed = 0
+        self.bad: list[str] = []
+        self.odd = 0
+
+    def feed(self, raw: bytes) -> Entry | None:
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        if not raw:
+            return None
+        line = raw.decode("utf-8", errors="surrogateescape")
+        try:
+            entry = self.parse(line)
+        except _OddName as exc:
+            self.odd += 1
+            self._report(line, f"skipped a {self.command} entry: {exc}")
+            return None
+        except ValueError:
+            if len(self.bad) < 2:
+                self.bad.append(line)  # kept for the "nothing parses" error only
+            self._report(line, f"skipped a {self.command} line that does not parse: {line[:200]!r}")
+            return None
+        if entry is not None:
+            self.parsed += 1
+        return entry
+
+    def _report(self, line: str, message: str) -> None:
+        if line not in self.reported and len(self.reported) < PARSED_LINES:
+            self.reported.add(line)
+            log.warning("%s%s: %s", self.server, self.path, message)
+
+    def finish(self) -> None:
+        if len(self.bad) >= 2 and not self.parsed and not self.odd:
+            raise ProtocolError(f"cannot parse any {self.command} line, e.g. {self.bad[0][:200]!r} (only "
+                                "unix-style LIST and RFC 3659 MLSD are understood)",
+                                server=self.server, path=self.path)
 
 
 class _OddName(ValueError):

@@ -41,6 +41,7 @@ import stat as statmod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import BinaryIO
 
@@ -53,7 +54,7 @@ from ftpbc.errors import (
     UnsafeEntry,
     UnsafeSource,
 )
-from ftpbc.transport.base import Entry, Refused, Transport, normalize
+from ftpbc.transport.base import Entry, Refused, Transport, Visit, normalize
 
 log = logging.getLogger(__name__)
 
@@ -174,18 +175,31 @@ class LocalTransport(Transport):
     # ------------------------------------------------------------------ Transport API
 
     def list(self, path: str, *, timeout: float | None = None) -> list[Entry]:
-        return self._scan(path, None, refuse_dirs=False)
+        out: builtins.list[Entry] = []
+        self._scan(path, _collect(out), None, refuse_dirs=False)
+        return out
 
     def list_refusing(self, path: str, *, refuse_dirs: bool = False,
                       timeout: float | None = None) -> tuple[builtins.list[Entry], builtins.list[Refused]]:
-        refused: builtins.list[Refused] = []
-        return self._scan(path, refused, refuse_dirs=refuse_dirs), refused
-
-    def _scan(self, path: str, refused: builtins.list[Refused] | None, *,
-              refuse_dirs: bool) -> builtins.list[Entry]:
-        """Regular files and directories of ``path``; what else is there goes to ``refused``
-        (the caller files it and says so) or, without one, is logged once and left out."""
         out: builtins.list[Entry] = []
+        refused: builtins.list[Refused] = []
+        self._scan(path, _collect(out), refused, refuse_dirs=refuse_dirs)
+        return out, refused
+
+    def scan(self, path: str, visit: Visit, *, glob: str | None = None, refuse_dirs: bool = False,
+             refused: builtins.list[Refused] | None = None, timeout: float | None = None) -> bool:
+        """Streamed from ``scandir``: an entry is visited as it is read (``glob`` applied here)."""
+        if glob is None:
+            return self._scan(path, visit, refused, refuse_dirs=refuse_dirs)
+        pattern = glob
+        return self._scan(path, lambda e: not fnmatchcase(e.name, pattern) or visit(e), refused,
+                          refuse_dirs=refuse_dirs)
+
+    def _scan(self, path: str, visit: Visit, refused: builtins.list[Refused] | None, *,
+              refuse_dirs: bool) -> bool:
+        """Regular files and directories of ``path``, to ``visit``; what else is there goes to
+        ``refused`` (the caller files it and says so) or, without one, is logged once and left
+        out.  False once ``visit`` stopped the listing."""
         with self._mapped(path):
             fd = self._open_dir(self._parts(path), path, _LIST)
             try:
@@ -206,11 +220,12 @@ class LocalTransport(Transport):
                         else:
                             self._warn(_child(path, de.name), _kind(mode) or "special")
                             continue
-                        out.append(Entry(de.name, st.st_size,
-                                         datetime.fromtimestamp(st.st_mtime, UTC), is_dir))
+                        if not visit(Entry(de.name, st.st_size,
+                                           datetime.fromtimestamp(st.st_mtime, UTC), is_dir)):
+                            return False
             finally:
                 os.close(fd)
-        return out
+        return True
 
     def put(self, path: str, stream: BinaryIO, *, timeout: float | None = None) -> int:
         parts = self._parts(path)
@@ -397,3 +412,11 @@ def _copy(src: BinaryIO, dst: BinaryIO) -> int:
         dst.write(chunk)
         total += len(chunk)
     return total
+
+
+def _collect(out: builtins.list[Entry]) -> Visit:
+    """A visit that keeps every entry in ``out``."""
+    def visit(e: Entry) -> bool:
+        out.append(e)
+        return True
+    return visit

@@ -52,6 +52,7 @@ Not guaranteed: SFTP has no file locking, and ``put`` is not atomic (stage, then
 
 from __future__ import annotations
 
+import builtins
 import errno
 import logging
 import posixpath
@@ -63,6 +64,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from fnmatch import fnmatchcase
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, TypeVar, cast
@@ -110,7 +112,7 @@ from ftpbc.errors import (
     TransportError,
 )
 from ftpbc.transport import knownhosts
-from ftpbc.transport.base import Entry, Transport, normalize, stream_position
+from ftpbc.transport.base import Entry, Refused, Transport, Visit, normalize, stream_position
 from ftpbc.transport.errormap import DeadlineExceeded, Progress, RateGuard, translate_os_error
 from ftpbc.transport.knownhosts import HostKeys
 from ftpbc.transport.pool import Pool
@@ -153,32 +155,47 @@ class _Status(IOError):
 def _listdir(c: paramiko.SFTPClient, remote: str, limit: int, server: str) -> list[paramiko.SFTPAttributes]:
     """paramiko's ``listdir_attr``, stopped after ``limit`` entries (with a warning): a server
     that lists without end cannot fill this node's memory."""
+    found: list[paramiko.SFTPAttributes] = []
+
+    def keep(a: paramiko.SFTPAttributes) -> bool:
+        found.append(a)
+        return True
+    _readdir(c, remote, limit, server, keep)
+    return found
+
+
+def _readdir(c: paramiko.SFTPClient, remote: str, limit: int, server: str,
+             visit: Callable[[paramiko.SFTPAttributes], bool]) -> bool:
+    """The entries of ``remote`` to ``visit`` as each READDIR reply comes in (a hundred or so
+    each from OpenSSH), at most ``limit`` of them (with a warning); False once ``visit``
+    stopped the listing (the handle is closed, the rest never asked for)."""
     request = c._request  # type: ignore[attr-defined]  # private, not in the stubs
     t, msg = request(CMD_OPENDIR, remote)
     if t != CMD_HANDLE:
         raise SFTPError("Expected handle")
     handle = msg.get_binary()
-    found: list[paramiko.SFTPAttributes] = []
+    count = 0
     try:
-        while len(found) < limit:
+        while count < limit:
             try:
                 t, msg = request(CMD_READDIR, handle)
             except EOFError:
-                break
+                return True
             if t != CMD_NAME:
                 raise SFTPError("Expected name response")
             for _ in range(msg.get_int()):
                 filename = msg.get_text()
                 longname = msg.get_text()
                 attr = paramiko.SFTPAttributes._from_msg(msg, filename, longname)  # type: ignore[attr-defined]
-                if filename not in (".", ".."):
-                    found.append(attr)
-        else:
-            log.warning("%s %s: listing stopped at %d entries (max_listing_entries)", server, remote, limit)
-            del found[limit:]
+                if filename in (".", "..") or count >= limit:
+                    continue
+                count += 1
+                if not visit(attr):
+                    return False
+        log.warning("%s %s: listing stopped at %d entries (max_listing_entries)", server, remote, limit)
+        return True
     finally:
         request(CMD_CLOSE, handle)
-    return found
 
 
 class _Client(paramiko.SFTPClient):
@@ -724,6 +741,18 @@ class SFTPTransport(Transport):
                                                             self.server)]
 
         return self._run(path, op, timeout, repeatable=True)
+
+    def scan(self, path: str, visit: Visit, *, glob: str | None = None, refuse_dirs: bool = False,
+             refused: builtins.list[Refused] | None = None, timeout: float | None = None) -> bool:
+        """Streamed, READDIR reply by READDIR reply; SFTP has no globs, so ``glob`` is applied
+        here (the server still sends every name)."""
+        remote = self._remote(path)
+
+        def one(a: paramiko.SFTPAttributes) -> bool:
+            return (glob is not None and not fnmatchcase(a.filename, glob)) or visit(_entry(a.filename, a))
+
+        return self._run(path, lambda c: _readdir(c, remote, self.cfg.max_listing_entries, self.server, one),
+                         timeout, repeatable=True)
 
     def stat(self, path: str, *, timeout: float | None = None) -> Entry:
         remote = self._remote(path)

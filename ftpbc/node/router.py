@@ -1,0 +1,508 @@
+"""A route's serving loop: claim the source endpoint's messages, pick a ruleset, deliver
+(docs/routing.md).
+
+The poller (:class:`~ftpbc.node.provider.Poller`: the source endpoint's poll lock, claims no
+more than it has idle workers for) claims messages from the source's inbox; a worker reads one
+(spooled to disk past a few MiB), decides where it goes and hands it to that destination's
+delivery worker (:mod:`ftpbc.node.destinations`), which stages it there (with ``max_retry``
+retries), renames it into place and commits the source's claim.  Every step is journaled
+(:mod:`ftpbc.exchange.route`), so a node killed at any point delivers the message exactly once
+after its restart.
+
+Where a message goes:
+
+* the first ruleset that selects it (:mod:`ftpbc.routing.rules`), to the URI its template
+  builds (:mod:`ftpbc.routing.templates`), with the ruleset's default properties added;
+* no ruleset: ``nohit``;
+* a template that fails (a hostile value, an unknown endpoint, a URL that matches no configured
+  server), a request (a route carries one-way messages: no reply could come), or a delivery
+  that still fails after ``max_retry`` retries: ``failure``, its reason in ``<name>.reason``
+  beside it (a directory) or in its ``route_failure`` property (an endpoint or topic);
+* an outlink not configured, or one that fails too: the source's error directory with the
+  reason (after ``max_deliveries`` attempts for a failing outlink).
+
+The routed message keeps its name's headers and properties (its delivery count starts again
+at 0); at an endpoint it takes that endpoint's naming and one-way prefix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import BinaryIO
+
+from ftpbc.cluster.liveness import Liveness, LoopGuard
+from ftpbc.cluster.poll_lock import PollLock
+from ftpbc.config.models import Config, EndpointConfig
+from ftpbc.config.routes import match_server
+from ftpbc.config.servers import ServerConfig
+from ftpbc.errors import ConfigError, MessageTooLarge, NotFound, TransportError, UnsafeEntry
+from ftpbc.exchange import route
+from ftpbc.exchange.area import archive_name, claim_name
+from ftpbc.exchange.envelope import Envelope, PropertyValue
+from ftpbc.exchange.layout import AreaLayout
+from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Lifecycle
+from ftpbc.node.destinations import Destination, Destinations, retry_policy
+from ftpbc.node.provider import Poller
+from ftpbc.paths import join
+from ftpbc.routing.rules import Ruleset, first_match, text_of, with_defaults
+from ftpbc.routing.templates import Lookup, TemplateError, parse_destination
+from ftpbc.transport.base import Transport
+
+log = logging.getLogger("ftpbc.route")
+
+#: the property that carries why a message went to a failure outlink that is an endpoint
+REASON_PROPERTY = "route_failure"
+#: how much of the reason that property keeps (it travels in the file name)
+REASON_IN_NAME = 100
+#: the directory (below ``state_dir``) where each serving node publishes its routes' figures
+STATUS_DIR = "routes"
+
+
+class RouteError(Exception):
+    """Why a message cannot go where its ruleset says; one line."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where one message goes and how its destination's worker is set up."""
+
+    key: str
+    delivery: route.Delivery
+    server: ServerConfig
+    prepare: Callable[[Transport], None]
+    capacity: int
+    max_idle: float
+    max_retry: int
+    #: routed, nohit or failure
+    kind: str
+    ruleset: str | None = None
+
+
+@dataclass
+class RouteStats:
+    routed: int = 0
+    nohit: int = 0
+    failed: int = 0
+    #: filed in the source's error directory (no outlink, or the outlink failed too)
+    filed: int = 0
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+
+    def add(self, what: str) -> None:
+        with self.lock:
+            setattr(self, what, getattr(self, what) + 1)
+
+
+class Router(Poller):
+    """The poller, workers and destinations of one route on one node."""
+
+    def __init__(self, name: str, config: Config, lifecycle: Lifecycle, poll_lock: PollLock, *,
+                 liveness: Liveness | None = None, status_dir: Path | None = None) -> None:
+        self.route_name = name
+        self.route = config.routes[name]
+        self.source: EndpointConfig = config.endpoint(self.route.source)
+        # named as Node.providers keys it, so that readiness finds its poll_interval
+        super().__init__(f"route:{name}", self.source, poll_lock, liveness=liveness)
+        self.full_config = config
+        self.lifecycle = lifecycle
+        self.node_id = lifecycle.node_id
+        self.rulesets: tuple[Ruleset, ...] = self.route.compiled()
+        self._settings = {r.name: r for r in self.route.rulesets}
+        self.destinations = Destinations(name, self.route.max_destinations)
+        self.route_stats = RouteStats()
+        self._layouts: dict[str, AreaLayout] = {}
+        self._layouts_lock = threading.Lock()
+        self._status_file = (status_dir / f"{name}~{self.node_id}.json") if status_dir is not None else None
+        idle = min([self.route.max_idle, *(r.max_idle for r in self.route.rulesets if r.max_idle)])
+        self._tick = max(0.05, min(1.0, idle / 4))
+        self._house_thread: threading.Thread | None = None
+        #: claims in workers' hands: op id -> (claim, "deciding" or "delivering")
+        self._active: dict[str, tuple[Claimed, str]] = {}
+        #: claims handed back at shutdown while being decided: their workers must not go on
+        self._abandoned: set[str] = set()
+        self._active_lock = threading.Lock()
+        self._house_guard = LoopGuard(f"route:{name} destinations", liveness, self._stop,
+                                      first_wait=self._tick, logger=log)
+
+    # ------------------------------------------------------------------ polling
+
+    def start(self) -> None:
+        super().start()
+        self._house_thread = threading.Thread(target=self._housekeeping, name=f"route-{self.route_name}",
+                                              daemon=True)
+        self._house_thread.start()
+
+    def _poll_locked(self, free: int) -> int:
+        lc = self.lifecycle
+        waiting = lc.waiting()
+        selector = lc.policy.selector  # the source endpoint's selector: the others stay for others
+        if selector is not None:
+            waiting = [c for c in waiting if selector.matches(c.envelope.headers, c.envelope.properties)]
+        self.observer.listed(c.mtime for c in waiting)
+        claimed, lost = lc.claim(waiting[:free], "route")
+        for c in claimed:
+            self._dispatch(lambda c=c: self._route_one(c), c.name)  # type: ignore[misc]
+        return self._claimed_count(len(claimed), lost)
+
+    def _housekeeping(self) -> None:
+        """Retire idle destinations and publish the figures, every tick, until the node stops."""
+        while not self._stop.wait(self._tick):
+            self._house_guard.run(self._housekeep_once)
+        if self._liveness is not None:
+            self._liveness.forget(self._house_guard.loop)
+
+    def _housekeep_once(self) -> None:
+        self.destinations.retire_idle()
+        self._write_status()
+
+    def stop(self, drain_timeout: float) -> bool:
+        clean = super().stop(drain_timeout)
+        if self._house_thread is not None:
+            self._house_thread.join(timeout=5)
+        self.destinations.close()
+        if self._status_file is not None:
+            try:
+                self._status_file.unlink()
+            except OSError:
+                pass
+        return clean
+
+    # ------------------------------------------------------------------ one message
+
+    def _hand_back(self) -> bool:
+        """At shutdown, past drain_timeout: return the claims still being decided (nothing was
+        journaled for them yet) to the inbox for other nodes; True if no delivery is left
+        unfinished (those are this node's own until its recovery: its heartbeat stays)."""
+        with self._active_lock:
+            deciding = [c for c, state in self._active.values() if state == "deciding"]
+            self._abandoned.update(c.op_id for c in deciding)
+            delivering = sum(1 for _, state in self._active.values() if state == "delivering")
+        returned = 0
+        for c in deciding:
+            try:
+                self.lifecycle.unclaim(c)
+                returned += 1
+            except Exception as exc:  # left for this node's recovery
+                log.warning("%s: could not return %s at shutdown: %s", self.name, c.name, exc)
+        if deciding:
+            log.info("%s: returned %d unfinished claim(s) to %s", self.name, returned,
+                     self.lifecycle.layout.box)
+        return returned == len(deciding) and delivering == 0
+
+    def _finishing(self) -> bool:
+        with self._active_lock:
+            return any(state == "delivering" for _, state in self._active.values())
+
+    def _route_one(self, claimed: Claimed) -> bool:
+        with self._active_lock:
+            self._active[claimed.op_id] = (claimed, "deciding")
+        try:
+            return self._route(claimed)
+        finally:
+            with self._active_lock:
+                self._active.pop(claimed.op_id, None)
+                self._abandoned.discard(claimed.op_id)
+
+    def _delivering(self, claimed: Claimed) -> bool:
+        """Mark a claim as on its way (False: it was handed back at shutdown; leave it)."""
+        with self._active_lock:
+            if claimed.op_id in self._abandoned:
+                return False
+            self._active[claimed.op_id] = (claimed, "delivering")
+            return True
+
+    def _route(self, claimed: Claimed) -> bool:
+        lc = self.lifecycle
+        started = time.monotonic()
+        spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115
+        with spool:
+            try:
+                lc.read(claimed, spool)  # type: ignore[arg-type]
+            except (UnsafeEntry, MessageTooLarge) as exc:
+                what = lc.file_error(claimed, f"{type(exc).__name__}: {exc}",
+                                     refused=isinstance(exc, UnsafeEntry))
+                log.warning("%s: %s cannot be read: %s", self.name, claimed.name, what)
+                return False
+            except NotFound:
+                lc.journal.end(claimed.op_id)  # another node returned our claim: it routes it
+                return False
+            except TransportError as exc:
+                failure = exc
+                returned = self._retry(lambda: lc.read_failed(claimed, failure))
+                log.warning("%s: cannot read %s: %s; %s", self.name, claimed.name, exc, returned)
+                return False
+            plan, reason = self._decide(claimed, spool)  # type: ignore[arg-type]
+            if not self._delivering(claimed):
+                return False
+            if plan is None:
+                self._file(claimed, reason or "no outlink")
+                return True
+            ok = self._deliver(claimed, plan, spool, reason)  # type: ignore[arg-type]
+        if ok:
+            log.info("%s: %s %s to %s in %.3f s", self.name, claimed.name,
+                     plan.kind if plan.kind != "routed" else f"routed by {plan.ruleset}",
+                     plan.delivery.label, time.monotonic() - started,
+                     extra={"endpoint": self.route.source, "message_id": claimed.uuid})
+        return ok
+
+    def _file(self, claimed: Claimed, reason: str) -> None:
+        """No outlink for it: the source's error directory, with the reason beside it."""
+        self.route_stats.add("filed")
+        what = self._retry(lambda: self.lifecycle.file_error(claimed, reason))
+        log.warning("%s: %s: %s; %s", self.name, claimed.name, reason, what)
+
+    def _decide(self, claimed: Claimed, spool: BinaryIO) -> tuple[Plan | None, str | None]:
+        """(where the message goes, the failure reason when it goes to ``failure``)."""
+        env = claimed.candidate.envelope
+        if env.headers.kind != "oneway":
+            reason = (f"a {env.headers.kind}: a route carries one-way messages, no reply could come "
+                      f"(route {self.route_name})")
+            return self._outlink("failure", claimed, reason), reason
+        lookup = _lookup(env)
+
+        def body() -> str:
+            spool.seek(0)
+            return spool.read(self.route.max_body_scan).decode("utf-8", "replace")
+
+        ruleset = first_match(self.rulesets, lookup, body)
+        if ruleset is None:
+            return self._outlink("nohit", claimed, None), "no ruleset selected it"
+        try:
+            uri = ruleset.uri(with_defaults(lookup, ruleset.defaults))
+            return self._plan(uri, claimed, ruleset, "routed", None), None
+        except (TemplateError, RouteError, ConfigError, ValueError) as exc:
+            reason = f"ruleset {ruleset.name}: {exc}"
+            return self._outlink("failure", claimed, reason), reason
+
+    def _outlink(self, which: str, claimed: Claimed, reason: str | None) -> Plan | None:
+        uri = getattr(self.route, which)
+        if uri is None:
+            return None
+        try:
+            return self._plan(uri, claimed, None, which, reason)
+        except (TemplateError, RouteError, ConfigError, ValueError) as exc:
+            log.warning("%s: %s outlink %s cannot take %s: %s", self.name, which, uri, claimed.name, exc)
+            return None
+
+    def _plan(self, uri: str, claimed: Claimed, ruleset: Ruleset | None, kind: str,
+              reason: str | None) -> Plan:
+        """The plan for ``uri``; TemplateError or RouteError when it cannot be one."""
+        target = parse_destination(uri)
+        settings = self._settings.get(ruleset.name) if ruleset is not None else None
+        capacity = (settings.capacity if settings and settings.capacity else None) or self.route.capacity
+        max_idle = (settings.max_idle if settings and settings.max_idle else None) or self.route.max_idle
+        max_retry = (settings.max_retry if settings and settings.max_retry is not None
+                     else self.route.max_retry)
+        env = claimed.candidate.envelope
+        props = dict(env.properties)
+        for key, value in (ruleset.defaults.items() if ruleset is not None else ()):
+            props.setdefault(key, value)
+        config = self.full_config
+        if target.kind in ("endpoint", "topic"):
+            table: Mapping[str, object] = config.endpoints if target.kind == "endpoint" else config.topics
+            if target.name not in table:
+                raise RouteError(f"destination {uri!r}: no such {target.kind} in the configuration")
+            if target.name == self.route.source:
+                raise RouteError(f"destination {uri!r} is the route's own source")
+            layout = self._layout(target.name)
+            if target.kind == "topic" and env.headers.timestamp is None:
+                # as a publish stamps it: subscriptions made after it was sent do not get it
+                env = env.replace(timestamp=datetime.now(UTC))
+            if reason is not None:
+                props[REASON_PROPERTY] = reason[:REASON_IN_NAME]
+            name = _endpoint_name(layout, env, props)
+            out = layout.outbound(name, self.node_id, datetime.now(UTC))
+            stage_dir = join(layout.stages[0], route.STAGE_DIR)
+            delivery = route.Delivery(layout.config.server, out.target,
+                                      join(stage_dir, claim_name(name, self.node_id)), out.protect, None,
+                                      target.uri)
+
+            def prepare(t: Transport, layout: AreaLayout = layout, stage_dir: str = stage_dir) -> None:
+                layout.prepare(t)
+                t.mkdir(stage_dir)
+
+            return Plan(target.uri, delivery, config.servers[layout.config.server], prepare, capacity,
+                        max_idle, max_retry, kind, ruleset.name if ruleset else None)
+        found = match_server(config.servers, target)
+        if found is None:
+            raise RouteError(f"destination {uri!r} matches no configured server (by scheme, host, port and "
+                             "user, below its base directory): not attempted without credentials")
+        server_name, directory = found
+        server = config.servers[server_name]
+        name = self._file_name(claimed, env, props)
+        stage_dir = join(directory, route.STAGE_DIR)
+        delivery = route.Delivery(server_name, join(directory, name),
+                                  join(stage_dir, claim_name(name, self.node_id)), None, reason, target.uri)
+
+        def prepare_dir(t: Transport, directory: str = directory, stage_dir: str = stage_dir) -> None:
+            t.mkdir(directory)
+            t.mkdir(stage_dir)
+
+        return Plan(f"{server_name}:{directory}", delivery, server, prepare_dir, capacity, max_idle,
+                    max_retry, kind, ruleset.name if ruleset else None)
+
+    def _layout(self, endpoint: str) -> AreaLayout:
+        with self._layouts_lock:
+            layout = self._layouts.get(endpoint)
+            if layout is None:
+                layout = AreaLayout(endpoint, self.full_config.endpoint(endpoint), "in")
+                # what this node's archive names add (as its own Lifecycle would set it)
+                layout.reserve = len(archive_name("", self.node_id, datetime.now(UTC)).encode("utf-8"))
+                self._layouts[endpoint] = layout
+            return layout
+
+    def _file_name(self, claimed: Claimed, env: Envelope, props: dict[str, PropertyValue]) -> str:
+        """The name a message takes in a directory: its own, headers kept, defaults added,
+        delivery count reset."""
+        layout = self.lifecycle.layout
+        assert isinstance(layout, AreaLayout)
+        try:
+            name = layout.name_for(dataclasses.replace(env.headers, delivery_count=0), props,
+                                   env.base if layout.codec.name == "ftpbc" else "")
+            layout.check_usable(name)
+            return name
+        except Exception:  # a name that cannot take the defaults: its own, as it came
+            return layout.name_for(env.headers, dict(env.properties),
+                                   env.base if layout.codec.name == "ftpbc" else "")
+
+    # ------------------------------------------------------------------ delivery
+
+    def _deliver(self, claimed: Claimed, plan: Plan, spool: BinaryIO, reason: str | None) -> bool:
+        """Journal the decision, stage (retried), and if that fails for good, decide again for
+        ``failure``; then expose and commit.  True once the message is at its place."""
+        lc = self.lifecycle
+        commit = lc.layout.commit(claimed.candidate, self.node_id, lc.clock(), error=False)
+        fields = route.decide(lc, claimed, plan.delivery, commit)
+        dest, error = self._stage(claimed, plan, spool)
+        if dest is None and not self._stop.is_set() and plan.kind != "failure":
+            reason = f"delivery to {plan.delivery.label} failed after {plan.max_retry} retries: {error}"
+            log.warning("%s: %s: %s", self.name, claimed.name, reason)
+            fallback = self._outlink("failure", claimed, reason)
+            if fallback is None:
+                self._file(claimed, reason)
+                return False
+            plan = fallback
+            fields = route.decide(lc, claimed, plan.delivery, commit)
+            dest, error = self._stage(claimed, plan, spool)
+        if dest is None:
+            # Nothing exposed: back to the inbox (a stopping node: unchanged; otherwise with its
+            # delivery count raised, so a message no outlink takes ends in the error directory).
+            why = f"delivery to {plan.delivery.label} failed: {error}"
+            what = self._retry(lambda: route.roll_back(lc, claimed, None, None, why,
+                                                       count=not self._stop.is_set()))
+            log.warning("%s: %s: %s; %s", self.name, claimed.name, why, what)
+            return False
+        try:
+            done = self._retry(lambda: dest.run(lambda t: route.finish(lc, claimed.op_id, fields, t)))
+        finally:
+            self.destinations.release(dest, delivered=True)
+        if done is None:
+            log.warning("%s: %s left for recovery: the node is stopping", self.name, claimed.name)
+            return False
+        self.route_stats.add({"routed": "routed", "nohit": "nohit"}.get(plan.kind, "failed"))
+        return True
+
+    def _stage(self, claimed: Claimed, plan: Plan, spool: BinaryIO) -> tuple[Destination | None, str]:
+        """Stage at the plan's destination under the retry policy: (its worker, still counted
+        in flight, once staged; None and why after the last retry)."""
+        lc = self.lifecycle
+
+        def make() -> Destination:
+            return Destination(plan.key, plan.server, plan.capacity, plan.max_idle, plan.prepare)
+
+        def attempt() -> Destination:
+            dest = self.destinations.acquire(plan.key, make)
+            try:
+                def put(t: Transport) -> None:
+                    spool.seek(0)
+                    route.stage(lc, claimed.op_id, t, plan.delivery, spool)
+                dest.run(put)
+            except BaseException:
+                self.destinations.release(dest, delivered=False)
+                raise
+            return dest
+
+        try:
+            return retry_policy(plan.max_retry, self.route.retry_delay, self._stop)(attempt), ""
+        except TransportError as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> dict[str, object]:
+        """This route's figures and live destinations, as ``ftpbc status`` shows them."""
+        s = self.route_stats
+        with s.lock:
+            counts = {"routed": s.routed, "nohit": s.nohit, "failed": s.failed, "filed": s.filed}
+        return {"route": self.route_name, "source": self.route.source, "node": self.node_id,
+                "time": datetime.now(UTC).isoformat(timespec="milliseconds"), **counts,
+                "retired": self.destinations.retired, "in_flight": self.in_flight,
+                "destinations": self.destinations.snapshot()}
+
+    def _write_status(self) -> None:
+        if self._status_file is None:
+            return
+        path = self._status_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(self.status(), sort_keys=True), encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def _lookup(env: Envelope) -> Lookup:
+    """A message's values by name: its properties first, then its headers."""
+    props = env.properties
+    h = env.headers
+    headers: dict[str, str | None] = {
+        "id": h.id, "kind": h.kind, "priority": str(h.priority), "type": h.type,
+        "correlation_id": h.correlation_id, "reply_to": h.reply_to, "message_class": h.message_class,
+    }
+
+    def find(name: str) -> str | None:
+        if name in props:
+            return text_of(props[name])
+        return headers.get(name)
+
+    return find
+
+
+def _endpoint_name(layout: AreaLayout, env: Envelope, props: dict[str, PropertyValue]) -> str:
+    """The name a message takes in an endpoint's inbox (that endpoint's naming and one-way
+    prefix, the message's id and headers, delivery count 0); RouteError if it cannot be one."""
+    cfg = layout.config
+    headers = dataclasses.replace(env.headers, kind="oneway", delivery_count=0, reply_to=None)
+    base = cfg.oneway_prefix + headers.id if cfg.naming == "ftpbc" else ""
+    # The reason travels in the name: shortened, then left out, when the name has no room for it
+    # (the whole reason is in the node's log).
+    reason = props.get(REASON_PROPERTY)
+    tries = [props] if reason is None else [
+        {**props, REASON_PROPERTY: str(reason)[:n]} for n in (REASON_IN_NAME, 24)] + [
+        {k: v for k, v in props.items() if k != REASON_PROPERTY}]
+    error: Exception | None = None
+    for attempt in tries:
+        try:
+            name = layout.name_for(headers, attempt, base)
+            layout.check_usable(name)
+            break
+        except Exception as exc:  # too long, or not a name this endpoint's naming can take
+            error = exc
+    else:
+        raise RouteError(f"no name in {layout.display} for it: {error}")
+    decoded = layout.codec.decode(name, direction="in")
+    if decoded is None or decoded.headers.id != headers.id:
+        raise RouteError(f"{layout.display} would not read {name!r} back as message {headers.id!r}")
+    return name
+
+
+def status_dir(config: Config) -> Path:
+    """Where serving nodes publish their routes' figures (read by ``ftpbc status``)."""
+    return Path(config.node.state_dir) / STATUS_DIR

@@ -1,0 +1,229 @@
+"""Topics under crashes (docs/topics.md, "What is guaranteed"): a fanning-out node SIGKILLed at
+each step, and three nodes fanning out 2,000 messages under the SIGKILL nemesis of
+tests/test_chaos.py.
+
+What must hold after recovery: every subscription holds exactly the messages it selects, each
+once; none holds one it does not select; every published message is archived once in the
+topic's incoming area; no staged copy, claim or pending journal operation is left.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ftpbc.client import Client
+from tests.chaos import PASSWORD_ENV, Cluster, Nemesis, NodeProcess, load_client_config, run_cli
+from tests.servers.handle import ServerHandle
+from tests.support import wait_until
+
+TOPIC = "orders"
+CRASH_SERVERS = ["pyftpdlib", "local"]
+
+
+def make_topic_cluster(handle: ServerHandle, workdir: Path, subscriptions: dict[str, Any], *,
+                       lease: float = 20.0, workers: int = 2) -> Cluster:
+    """A cluster (tests/chaos.py) whose configuration has one topic and no endpoint."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    base = handle.fresh_dir()
+    cluster = Cluster(workdir, handle.url, handle.password, handle.options, f"{base}/{TOPIC}", handle.root)
+    server: dict[str, Any] = {"url": handle.url, **{k: str(v) if isinstance(v, Path) else v
+                                                    for k, v in handle.options.items()}}
+    if handle.password is not None:
+        server["password_env"] = PASSWORD_ENV
+    doc = {"node": {"state_dir": str(cluster.state_dir), "journal_dir": str(cluster.journal_dir),
+                    "heartbeat_interval": 1.0, "lease": lease},
+           "servers": {"s": server},
+           "topics": {TOPIC: {"server": "s", "repository": cluster.repository, "poll_interval": 0.05,
+                              "workers": workers, "drain_timeout": 10, "subscriptions": subscriptions}}}
+    cluster.config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return cluster
+
+
+def bodies(cluster: Cluster, sub: str) -> Counter[bytes]:
+    d = cluster.local("subscriptions", sub, "inbox")
+    return Counter(p.read_bytes() for p in d.iterdir()) if d.is_dir() else Counter()
+
+
+def leftovers(cluster: Cluster, subs: list[str]) -> dict[str, list[str]]:
+    """Files in any stage, select or incoming box directory: none once everything is done."""
+    dirs = ["incoming/inbox", "incoming/instage", "incoming/inselect",
+            *(f"subscriptions/{s}/{d}" for s in subs for d in ("instage", "inselect")),
+            *(f"fanout/{s}" for s in subs)]
+    # ``.ftpbc-put-*``: the local transport's temporary file of a put its process was killed in
+    # (file:// only; not a message, never renamed into place: a transport leftover, not ours)
+    return {d: names for d in dirs
+            if (names := [n for n in cluster.files(d) if not n.startswith(".ftpbc-put-")])}
+
+
+def all_fanned_out(cluster: Cluster, count: int) -> bool:
+    return (len(cluster.files("incoming/inarchive")) >= count and not cluster.files("incoming/inbox")
+            and not cluster.files("incoming/inselect"))
+
+
+def publish(cluster: Cluster, messages: dict[bytes, dict[str, Any]], subscriptions: dict[str, Any],
+            node_id: str = "pub") -> None:
+    """Make the subscriptions (before the messages: a subscription gets what is published after
+    it), then publish."""
+    with Client(load_client_config(cluster, node_id), connections=2) as client:
+        for name, sub in subscriptions.items():
+            client.create_subscription(TOPIC, name, selector=sub.get("selector"))
+        for body, options in messages.items():
+            client.publish(TOPIC, body, **options)
+
+
+# ---------------------------------------------------------------------- a node killed at each step
+
+SUBS = {"all": {}, "eu": {"selector": "region = 'eu'"}, "us": {"selector": "region = 'us'"}}
+MESSAGES = {b"eu-1": {"properties": {"region": "eu"}}, b"us-1": {"properties": {"region": "us"}},
+            b"eu-2": {"properties": {"region": "eu"}, "priority": 8}}
+EXPECTED = {"all": Counter(list(MESSAGES)), "eu": Counter([b"eu-1", b"eu-2"]), "us": Counter([b"us-1"])}
+
+
+@pytest.fixture(params=CRASH_SERVERS)
+def crash_handle(request: pytest.FixtureRequest) -> ServerHandle:
+    h: ServerHandle = request.getfixturevalue(f"{request.param}_server")
+    return h
+
+
+def crashed_then_recovered(cluster: Cluster, crash_at: str, *, recovery_crash: str | None = None) -> None:
+    """Start a node that is killed at ``crash_at`` (optionally a second start killed inside its
+    recovery), then a clean one; wait until it fanned out everything, stop it."""
+    node = NodeProcess(cluster, "n0")
+    try:
+        node.start(crash_at=crash_at)
+        assert node.wait(60) == -9, f"node should have been killed at {crash_at}:\n{node.log.read_text()}"
+        # Killed after its commit record, a fan-out is rolled forward; before it, back.
+        committed = crash_at.startswith(("fanout.after-commit-record", "fanout.after-first-expose"))
+        assert ("transactions:" in cluster.pending().get("n0", {})) == committed, cluster.pending()
+        if recovery_crash is not None:
+            node.start(crash_at=recovery_crash)
+            assert node.wait(60) == -9, node.log.read_text()
+        node.start()
+        wait_until(lambda: all_fanned_out(cluster, len(MESSAGES)), timeout=60, what="everything fanned out")
+        assert node.stop() == 0, node.log.read_text()[-3000:]
+    finally:
+        node.kill()
+
+
+@pytest.mark.parametrize("point", [
+    "claim.after-rename",            # claimed, nothing staged: returned by recovery, fanned out again
+    "fanout.after-stage",            # every copy staged, no commit record: rolled back, fanned out again
+    "fanout.after-commit-record",    # committed, claim not settled: settled and exposed by recovery
+    "fanout.after-first-expose",     # one copy out, the others staged: the rest exposed by recovery
+    "fanout.after-first-expose@2",   # the second message's first copy out
+])
+def test_a_node_killed_while_fanning_out_leaves_one_copy_per_matching_subscription(
+        crash_handle: ServerHandle, tmp_path: Path, point: str) -> None:
+    cluster = make_topic_cluster(crash_handle, tmp_path / "w", SUBS)
+    publish(cluster, MESSAGES, SUBS)  # waiting in the topic before the first node starts
+    crashed_then_recovered(cluster, point)
+    assert {s: bodies(cluster, s) for s in SUBS} == EXPECTED
+    assert len(cluster.files("incoming/inarchive")) == len(MESSAGES)
+    assert leftovers(cluster, list(SUBS)) == {}
+    assert cluster.pending() == {}
+
+
+@pytest.mark.parametrize("recovery_point", ["recover.before-op", "recover.after-op"])
+def test_a_recovery_killed_while_rolling_a_fan_out_forward_is_finished_by_the_next(
+        crash_handle: ServerHandle, tmp_path: Path, recovery_point: str) -> None:
+    cluster = make_topic_cluster(crash_handle, tmp_path / "w", SUBS)
+    publish(cluster, MESSAGES, SUBS)
+    crashed_then_recovered(cluster, "fanout.after-first-expose", recovery_crash=recovery_point)
+    assert {s: bodies(cluster, s) for s in SUBS} == EXPECTED
+    assert leftovers(cluster, list(SUBS)) == {}
+    assert cluster.pending() == {}
+
+
+def test_ftpbc_recover_finishes_a_fan_out_without_serving(local_server: ServerHandle, tmp_path: Path) -> None:
+    """``ftpbc recover`` of a node killed after its commit record: the copies are exposed and the
+    claim archived by recovery alone (no node runs afterwards)."""
+    cluster = make_topic_cluster(local_server, tmp_path / "w", SUBS, workers=1)
+    publish(cluster, {b"eu-1": {"properties": {"region": "eu"}}}, SUBS)
+    node = NodeProcess(cluster, "n0")
+    try:
+        node.start(crash_at="fanout.after-commit-record")
+        assert node.wait(60) == -9, node.log.read_text()
+    finally:
+        node.kill()
+    assert cluster.files("incoming/inselect") and cluster.files("fanout/eu")
+    out = run_cli(cluster, "recover", node_id="n0")
+    assert out.returncode == 0, out.stderr
+    assert "committed: rolled forward, 2 of 2 member(s) exposed now" in out.stdout, out.stdout
+    assert bodies(cluster, "all") == bodies(cluster, "eu") == Counter([b"eu-1"])
+    assert bodies(cluster, "us") == Counter()
+    assert len(cluster.files("incoming/inarchive")) == 1
+    assert leftovers(cluster, list(SUBS)) == {}
+    assert cluster.pending() == {}
+
+
+# ---------------------------------------------------------------------- chaos
+
+CHAOS_MESSAGES = 2000
+CHAOS_SUBS = {"a": {}, "b": {}, "eu": {"selector": "region = 'eu'"},
+              "urgent": {"selector": "JMSPriority >= 7"}}
+NODES = ["n0", "n1", "n2"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["local", "pyftpdlib"])
+def test_chaos_three_nodes_fan_out_2000_messages_under_sigkill(kind: str, request: pytest.FixtureRequest,
+                                                               tmp_path: Path) -> None:
+    handle: ServerHandle = request.getfixturevalue(f"{kind}_server")
+    cluster = make_topic_cluster(handle, tmp_path / "w", CHAOS_SUBS, workers=4)
+    rng = random.Random(12)
+    messages = {f"m{n}".encode(): {"properties": {"region": rng.choice(["eu", "us", "apac"]), "n": n},
+                                   "priority": rng.randint(0, 9)} for n in range(CHAOS_MESSAGES)}
+    expected = {"a": Counter(list(messages)), "b": Counter(list(messages)),
+                "eu": Counter(b for b, o in messages.items() if o["properties"]["region"] == "eu"),
+                "urgent": Counter(b for b, o in messages.items() if o["priority"] >= 7)}
+    nodes = [NodeProcess(cluster, n) for n in NODES]
+    published = [0]
+    started = time.monotonic()
+    nemesis = Nemesis(nodes, lambda: published[0] / CHAOS_MESSAGES, {}, seed=7)
+    try:
+        for node in nodes:
+            node.start()
+        wait_until(lambda: all(n.ready() for n in nodes), timeout=60, what="three nodes serving")
+        nemesis.start()
+        with Client(load_client_config(cluster, "pub"), connections=2) as client:
+            for body, options in messages.items():
+                client.publish(TOPIC, body, **options)
+                published[0] += 1
+        # at least five kills even on a machine fast enough to be done sooner
+        wait_until(lambda: nemesis.log.kills >= 5, timeout=60, interval=0.2, what="five kills")
+        wait_until(lambda: all_fanned_out(cluster, CHAOS_MESSAGES), timeout=180, interval=0.2,
+                   what="every message fanned out")
+        nemesis.halt()
+        assert nemesis.error is None, nemesis.error
+        # A node the nemesis restarted last must be up (its signal handlers set) to drain on SIGTERM.
+        wait_until(lambda: all(n.ready() for n in nodes), timeout=60, what="every node serving again")
+        codes = {n.node_id: n.stop() for n in nodes}
+    finally:
+        nemesis.halt()
+        for node in nodes:
+            node.kill()
+    elapsed = time.monotonic() - started
+    got = {s: bodies(cluster, s) for s in CHAOS_SUBS}
+    twice = {s: [b for b, c in counts.items() if c > 1][:5] for s, counts in got.items()}
+    missing = {s: sorted(set(expected[s]) - set(got[s]))[:5] for s in CHAOS_SUBS}
+    extra = {s: sorted(set(got[s]) - set(expected[s]))[:5] for s in CHAOS_SUBS}
+    print(f"topic chaos {kind}: {CHAOS_MESSAGES} messages, {nemesis.log.kills} kills, {elapsed:.1f} s, "
+          f"copies {sum(sum(c.values()) for c in got.values())}")
+    assert nemesis.log.kills >= 5
+    assert codes == dict.fromkeys(NODES, 0), codes
+    assert all(not v for v in twice.values()), f"copied twice: {twice}"
+    assert all(not v for v in missing.values()), f"missing: {missing}"
+    assert all(not v for v in extra.values()), f"not selected but copied: {extra}"
+    assert got == expected
+    assert len(cluster.files("incoming/inarchive")) == CHAOS_MESSAGES
+    assert leftovers(cluster, list(CHAOS_SUBS)) == {}
+    assert cluster.pending() == {}
+    assert cluster.nonempty_journal_files() == []
