@@ -209,7 +209,7 @@ def test_an_idle_destination_is_retired_and_its_connections_closed(
         "servers": {"src": local_server.config(name="src"), "dst": pyftpdlib_server.config(name="dst")},
         "endpoints": {"events": {"server": "src", "repository": f"{src}/events", **FAST}},
         "routes": {"r": {"source": "events", "rulesets": [
-            {"name": "all", "max_idle": 1.0, "capacity": 2,
+            {"name": "all", "max_idle": 3.0, "capacity": 2,
              "uri_template": [f"{prefix_of(pyftpdlib_server, dst)}/out"]}]}},
     })
     status_file = status_dir(config) / "r~n1.json"

@@ -161,8 +161,11 @@ class Router(Poller):
             self._liveness.forget(self._house_guard.loop)
 
     def _housekeep_once(self) -> None:
-        self.destinations.retire_idle()
+        # Published before retiring, so every destination live at a tick is shown at least once,
+        # however short its life; and again when some were retired.
         self._write_status()
+        if self.destinations.retire_idle():
+            self._write_status()
 
     def stop(self, drain_timeout: float) -> bool:
         clean = super().stop(drain_timeout)
