@@ -1,25 +1,27 @@
 """Time the Spark aggregation against a plain single-process Python pass over the same archive.
 
-    python3 bench/bench_aggregate.py                    # 10k, 100k, 300k and 1,000,000 messages
+    python3 bench/bench_aggregate.py                    # 10k, 100k, 1M and 2M messages
     python3 bench/bench_aggregate.py --quick            # 10k only (well under 2 minutes)
-    python3 bench/bench_aggregate.py --sizes 10000,50000 --archives /tmp/agg   # keep the archives
+    python3 bench/bench_aggregate.py --sizes 10000,1000000 --archives /tmp/agg   # keep the archives
 
 Each size: a synthetic archive (3 endpoints; requests, responses, errors, unanswered, replies
 never collected or unreadable) written on a local directory through ftpbc's write path; then, in
 the same run, each in a fresh process of its own:
 
 * **spark**: ``ftpbc.analytics.job.run`` with ``local[*]``, as ``ftpbc aggregate`` runs it: a new
-  SparkSession (its start timed apart), the listing in Spark's Python workers, every output
-  written (figures and nodes Parquet/CSV, the unanswered list, the chart);
-* **plain**: one Python process that lists with ``os.scandir``, parses every name with the same
-  parser (``records.parse_record``), pairs requests and replies in dicts and computes the same
-  figures (per endpoint and hour, per node), writing the figures and the unanswered list as CSV.
+  SparkSession (its start timed and reported apart), the listing by the driver into Parquet,
+  the names parsed by Spark SQL functions in the JVM, every output written (figures and nodes
+  Parquet/CSV, the unanswered list, the chart);
+* **plain**: ``ftpbc.analytics.plain``: one Python process that lists with the same
+  ``listing.scan_chunks``, parses every name with the reference parser (``records.parse_record``),
+  pairs requests and replies in dicts and computes the same figures, writing them as CSV.
 
-The figures of both are compared row by row (counts exactly, percentiles to 1e-6 ms).
+The outputs of both are compared row by row and column by column, exactly (figures, per-node
+figures, unanswered list) before any time is reported.
 
 Memory, each the kernel's own peak (``VmHWM`` in ``/proc/<pid>/status``, not a sample): the
 Python driver process, and separately the JVM it started (read just before the session stops).
-Spark's Python workers (forked by ``pyspark.daemon``) are sampled every 0.2 s, summed.
+Spark's Python workers (none are expected any more) are sampled every 0.2 s, summed.
 The load average is recorded around each side: the machine may be shared.
 
 Writes bench/results/aggregate.json.
@@ -267,7 +269,7 @@ def main() -> None:
         fn = side_spark if args.side == "spark" else side_plain
         print(json.dumps(fn(args.root, args.side_out)), flush=True)
         return
-    sizes = args.sizes or ([10_000] if args.quick else [10_000, 100_000, 300_000, 1_000_000])
+    sizes = args.sizes or ([10_000] if args.quick else [10_000, 100_000, 1_000_000, 2_000_000])
     began, rows = time.perf_counter(), []
     with tempfile.TemporaryDirectory(prefix="bench-agg-") as d:
         archives = args.archives or Path(d) / "archives"

@@ -66,6 +66,74 @@ def fill_inbox(target: Target, count: int, size: int, prefix: str = "msg.",
     return names
 
 
+#: the topic of the fan-out case (its subscriptions: :func:`subscription_names`)
+TOPIC = "t"
+
+
+def subscription_names(count: int) -> list[str]:
+    """``s00``, ``s01`` ...: by name in numeric order, as fan-outs copy (the last is copied last)."""
+    return [f"s{i:02d}" for i in range(count)]
+
+
+def topic_dirs(subscriptions: list[str]) -> dict[str, str]:
+    """The directories of topic TOPIC (repository REPOSITORY, docs/topics.md) relative to the
+    target's base: ``incoming/<kind>`` (box, stage, select, archive), ``box/<SUB>`` and
+    ``stage/<SUB>`` (a subscription's inbox; where a fan-out stages its copy)."""
+    incoming = ExchangeArea(f"{REPOSITORY}/incoming")
+    dirs = {f"incoming/{k}": rel(incoming.dir("in", k)) for k in ("box", "stage", "select", "archive")}
+    for sub in subscriptions:
+        dirs[f"box/{sub}"] = rel(ExchangeArea(f"{REPOSITORY}/subscriptions/{sub}").dir("in", "box"))
+        dirs[f"stage/{sub}"] = rel(f"{REPOSITORY}/fanout/{sub}")
+    return dirs
+
+
+def prepare_topic(target: Target, subscriptions: list[str]) -> None:
+    """Create topic TOPIC's directories on the server's disk, every exchange area whole,
+    writable by any server user (what a node and ``create_subscription`` make: untimed)."""
+    areas = [ExchangeArea(f"{REPOSITORY}/incoming"),
+             *(ExchangeArea(f"{REPOSITORY}/subscriptions/{s}") for s in subscriptions)]
+    dirs = [d for a in areas for d in a.all_dirs()] + [f"{REPOSITORY}/fanout/{s}" for s in subscriptions]
+    for d in dirs:
+        local = Path(target["root"]) / rel(d)
+        local.mkdir(parents=True, exist_ok=True)
+        for parent in [local, *local.parents]:
+            if parent == Path(target["root"]):
+                break
+            parent.chmod(0o777)
+
+
+def fill_names(target: Target, directory: str, names: list[str], size: int) -> None:
+    """Write a file of ``size`` random bytes (one body for all) under each of ``names`` into
+    ``directory`` (relative to the target's base) on the server's disk: untimed set-up."""
+    where = Path(target["root"]) / directory
+    body = os.urandom(size)
+    for name in names:
+        (where / name).write_bytes(body)
+
+
+def count_files(target: Target, directory: str) -> int:
+    """Files in ``directory`` (relative to the target's base) on the server's disk."""
+    with os.scandir(Path(target["root"]) / directory) as it:
+        return sum(1 for e in it if e.is_file(follow_symlinks=False))
+
+
+def fanned_out(target: Target, subscriptions: list[str], count: int, began: float,
+               timeout: float = 600.0) -> float:
+    """Wait until each subscription's inbox holds ``count`` messages (every message fanned out
+    whole); return the seconds since ``began`` (time.perf_counter()).
+
+    Only the last subscription by name is counted while it fills (both sides copy to it last,
+    so it is the one that completes last, and one directory read per poll costs the measured
+    processes little CPU); then every one is checked."""
+    dirs = topic_dirs(subscriptions)
+    last = dirs[f"box/{subscriptions[-1]}"]
+    wait_for(lambda: count_files(target, last) >= count, timeout, f"{count} messages in {last}",
+             interval=0.01)
+    wait_for(lambda: min(count_files(target, dirs[f"box/{s}"]) for s in subscriptions) >= count, timeout,
+             f"{count} messages in every subscription", interval=0.002)
+    return time.perf_counter() - began
+
+
 #: hard links one source file takes at most (ext4 allows 65,000)
 LINKS_PER_SOURCE = 60_000
 
@@ -94,8 +162,10 @@ def fill_linked(target: Target, count: int, size: int, prefix: str = "msg.") -> 
 
 
 def config(target: Target, workdir: str, node_id: str, endpoints: dict[str, dict[str, Any]], *,
-           durable: bool = True, pool_size: int = 4, coordination: str = "state_dir") -> Any:
-    """An in-process ftpbc Config for ``target``; every endpoint lives under REPOSITORY.
+           durable: bool = True, pool_size: int = 4, coordination: str = "state_dir",
+           topics: dict[str, dict[str, Any]] | None = None) -> Any:
+    """An in-process ftpbc Config for ``target``; every endpoint lives under REPOSITORY, and so
+    does every topic of ``topics`` (name -> its ``topics:`` settings) unless it names another.
 
     ``coordination: server`` keeps locks, heartbeats and sequences in the default
     ``/.ftpbc-cluster`` under the target's base, a fresh directory per run like the exchange area;
@@ -118,6 +188,8 @@ def config(target: Target, workdir: str, node_id: str, endpoints: dict[str, dict
         "servers": {"srv": srv},
         "endpoints": {name: {"server": "srv", "repository": ep.pop("repository", REPOSITORY), **ep}
                       for name, ep in ((n, dict(e)) for n, e in endpoints.items())},
+        "topics": {name: {"server": "srv", "repository": REPOSITORY, **t}
+                   for name, t in (topics or {}).items()},
     })
 
 

@@ -18,16 +18,22 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    TOPIC,
     Children,
     config,
     consumed,
+    fanned_out,
     fill_inbox,
     fill_linked,
+    fill_names,
     measure,
     peak_rss_mib,
     percentile,
     prepare_area,
+    prepare_topic,
     settle_disk,
+    subscription_names,
+    topic_dirs,
     wait_for,
 )
 
@@ -44,8 +50,10 @@ def _endpoint(spec: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 
 def _node_main(spec: dict[str, Any], node_id: str, endpoints: dict[str, Any], mode: str,
-               counter: Any, ready: Any, go: Any, stop: Any, out: Any) -> None:
-    """One serving node: start on ``go``, count handled messages, report stats on ``stop``."""
+               counter: Any, ready: Any, go: Any, stop: Any, out: Any,
+               topics: dict[str, Any] | None = None) -> None:
+    """One serving node: start on ``go``, count handled messages, report stats on ``stop``;
+    it also fans out ``topics`` (name -> ``topics:`` settings)."""
     import logging
 
     from ftpbc.node.serve import Node
@@ -60,7 +68,7 @@ def _node_main(spec: dict[str, Any], node_id: str, endpoints: dict[str, Any], mo
 
     cfg = config(spec["target"], spec["workdir"], node_id, endpoints,
                  durable=spec["params"].get("durable", True),
-                 coordination=spec["params"].get("coordination", "state_dir"))
+                 coordination=spec["params"].get("coordination", "state_dir"), topics=topics)
     node = Node(cfg, handlers={name: handle for name in endpoints})
     with ready.get_lock():
         ready.value += 1
@@ -70,6 +78,7 @@ def _node_main(spec: dict[str, Any], node_id: str, endpoints: dict[str, Any], mo
     node.stop(drain_timeout=5)
     stats = {"lost_races": sum(p.stats.lost_races for p in node.providers.values()),
              "polls": sum(p.stats.polls for p in node.providers.values()),
+             "copies": sum(getattr(p, "copies", 0) for p in node.providers.values()),
              "rss_mib": peak_rss_mib()}
     out.put(stats)
 
@@ -77,7 +86,8 @@ def _node_main(spec: dict[str, Any], node_id: str, endpoints: dict[str, Any], mo
 class Nodes:
     """``count`` serving nodes in child processes, started together by :meth:`go`."""
 
-    def __init__(self, spec: dict[str, Any], count: int, endpoints: dict[str, Any], mode: str) -> None:
+    def __init__(self, spec: dict[str, Any], count: int, endpoints: dict[str, Any], mode: str,
+                 topics: dict[str, Any] | None = None) -> None:
         from common import MP
 
         self.counter, self._ready = MP.Value("q", 0), MP.Value("q", 0)
@@ -86,7 +96,7 @@ class Nodes:
         self.count = count
         for i in range(count):
             self.children.start(_node_main, spec, f"node-{i}", endpoints, mode, self.counter,
-                                self._ready, self._go, self._stop, self._out)
+                                self._ready, self._go, self._stop, self._out, topics)
 
     def go(self) -> float:
         """Start every node at once, once all are set up; the moment they were told to start."""
@@ -306,6 +316,34 @@ def large(spec: dict[str, Any]) -> dict[str, Any]:
             "recv_rss_mib": stats[0]["rss_mib"]}
 
 
+def fanout(spec: dict[str, Any]) -> dict[str, Any]:
+    """One node fanning out ``backlog`` messages of ``size`` bytes, published before it starts,
+    to ``subscriptions`` durable subscriptions without selectors, ``workers`` at a time:
+    messages whose every copy is in its subscription's inbox per second, from the node's start."""
+    from ftpbc.client import Client
+
+    p = spec["params"]
+    target = spec["target"]
+    subs = subscription_names(p["subscriptions"])
+    topics = {TOPIC: {"poll_interval": p.get("poll_interval", 0.05), "workers": p.get("workers", 5)}}
+    prepare_topic(target, subs)
+    with Client(config(target, spec["workdir"], "publisher", {}, topics=topics)) as client:
+        for sub in subs:
+            client.create_subscription(TOPIC, sub)
+        # Published as Client.publish names them (a sent time each, after every subscription
+        # was made), written on the server's disk: a backlog made in a moment, untimed.
+        names = [client.runtime.new_message(TOPIC, "oneway")[0] for _ in range(p["backlog"])]
+    fill_names(target, topic_dirs(subs)["incoming/box"], names, p["size"])
+    nodes = Nodes(spec, 1, {}, "noop", topics=topics)
+    try:
+        began = nodes.go()
+        elapsed = fanned_out(target, subs, p["backlog"], began)
+    finally:
+        stats = nodes.finish()
+    return {"rate": p["backlog"] / elapsed, "fanned_out": p["backlog"], "copies": stats[0]["copies"],
+            "polls": stats[0]["polls"], "node_rss_mib": stats[0]["rss_mib"]}
+
+
 def local_oneway(spec: dict[str, Any]) -> dict[str, Any]:
     """file:// one-way: ``count`` sends from one thread, then one node consumes them all."""
     from ftpbc.client import Client
@@ -331,4 +369,4 @@ def local_oneway(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 CASES = {"send": send, "consume": consume, "browse": browse, "reqresp": reqresp, "idle": idle, "large": large,
-         "local_oneway": local_oneway}
+         "local_oneway": local_oneway, "fanout": fanout}

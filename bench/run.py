@@ -136,6 +136,14 @@ def variants(quick: bool, repeats: int | None) -> list[Variant]:
     out.append(Variant("browse", "browse 10,000 waiting, first call / warm (s) vs bare listing", "browse",
                        {**p, "mode": "browse"}, {**p, "mode": "list"}, ["seconds", "warm_s"], "seconds<1.0",
                        reps(3, 3), servers=("vsftpd",) if q else KINDS, peer="listing"))
+    # Topics (issue 12): one node fanning a published backlog out to 10 durable subscriptions
+    # against a bare lister and workers doing the same claim, read, 10 x (store, rename) and
+    # archive.  Quick: vsftpd only (a pyftpdlib pair of 300 messages takes about 20 s: two pairs
+    # do not fit in the 30 s this case may add); full: every server.
+    p = {**one_kib, "backlog": 300 if q else 1000, "subscriptions": 10, "workers": 5, "poll_interval": 0.05}
+    out.append(Variant("fanout", "fan-out 1 KiB to 10 durable subscriptions, 1 node, 5 workers (msgs/s)",
+                       "fanout", p, p, ["rate"], "ratio>=0.8", reps(3, 3),
+                       servers=("vsftpd",) if q else KINDS))
     size = (256 if q else 1024) * MIB
     out.append(Variant("large", f"large message {size // MIB} MiB (MB/s; peak RSS MiB)", "large",
                        {"size": size}, {"size": size},
@@ -352,8 +360,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short runs (under 10 minutes)")
     parser.add_argument("--servers", default=",".join(KINDS), help="pyftpdlib,vsftpd,sshd")
     parser.add_argument("--cases",
-                        default="send,consume,reqresp,coordination,latency,idle,backlog,scaling,large,kombu,"
-                                "others")
+                        default="send,consume,reqresp,coordination,latency,idle,backlog,scaling,fanout,large,"
+                                "kombu,others")
     parser.add_argument("--repeats", type=int, default=None, help="runs per side (default per case)")
     parser.add_argument("--output", type=Path, default=RESULTS / "bench.json")
     parser.add_argument("--budget", type=float, default=None,

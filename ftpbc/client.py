@@ -70,7 +70,7 @@ FIRST_BACKOFF = 0.002
 #: are outstanding.  Gentle: with several callers a response comes every few milliseconds, and
 #: doubling (2, 4, 8, 16 ms...) left a response that came after three empty polls waiting up
 #: to 16 ms (request/response, 8 callers, one node: the response's pick-up was a fifth of the
-#: round trip).  poll_interval is still reached, after about 20 empty polls (0.3 s at 50 ms).
+#: round trip).  poll_interval is still reached, after 15 empty polls (0.2 s in all at 50 ms).
 BACKOFF_GROWTH = 1.25
 #: client identities per node id and host (concurrent ftpbc request/send processes)
 CLIENT_SLOTS = 64

@@ -2,6 +2,8 @@
 
 The cluster (``tests.spark_cluster``): a master and two one-core workers on 127.0.0.1, started
 from the installed pyspark's ``spark-class``, whose PATH leads to a ``python3`` that fails.  The
+cluster run also names an interpreter that does not exist (``spark.pyspark.python``): names are
+parsed by Spark SQL functions in the JVM, so no Python may start on an executor at all.  The
 archive: a few hundred messages of two endpoints in a ``file://`` area (one dated by its names to
 the millisecond in Europe/Paris, one by its files' modification times), written with ftpbc's own
 write path.  The same command runs twice, as a user runs it (a process of its own, so that each
@@ -74,8 +76,9 @@ def test_cluster_run_gives_the_local_figures(spark_cluster: SparkCluster, tmp_pa
     outs = {}
     for label, master in (("local", "local[*]"), ("cluster", spark_cluster.master_url)):
         out = tmp_path / f"out-{label}"
+        no_python = ["--conf", "spark.pyspark.python=/nonexistent/python3"] if label == "cluster" else []
         result = run_ftpbc("aggregate", "-c", str(config), "--master", master, "--out", str(out),
-                           "--no-progress", env=env, timeout=240)
+                           "--no-progress", *no_python, env=env, timeout=240)
         assert result.returncode == 0, f"{label}:\n{result.stderr[-4000:]}\n{spark_cluster.logs()}"
         outs[label] = (out, result.stdout)
 

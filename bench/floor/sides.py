@@ -26,12 +26,17 @@ from common import (
     MP,
     Children,
     consumed,
+    fanned_out,
     fill_inbox,
+    fill_names,
     measure,
     peak_rss_mib,
     percentile,
     prepare_area,
+    prepare_topic,
     settle_disk,
+    subscription_names,
+    topic_dirs,
     wait_for,
 )
 from floor.lean import connect
@@ -114,6 +119,66 @@ def _node_main(spec: dict[str, Any], node_id: str, mode: str, counter: Any, read
     out.put({"lost_races": lost[0], "polls": polls[0], "rss_mib": peak_rss_mib()})
 
 
+def _fanout_main(spec: dict[str, Any], node_id: str, counter: Any, ready: Any, go: Any, stop: Any,
+                 out: Any) -> None:
+    """A bare fan-out node: the serving node's lister and workers, each claimed message read
+    once, staged in every subscription's stage directory, the claim archived, then each copy
+    renamed into its subscription's inbox (ftpbc's order, without its journal and records)."""
+    target, workers = spec["target"], spec["params"].get("workers", 5)
+    subs = subscription_names(spec["params"]["subscriptions"])
+    d = topic_dirs(subs)
+    with ready.get_lock():
+        ready.value += 1
+    go.wait()
+    lister = connect(target)
+    conns = [connect(target) for _ in range(workers)]
+    claimed: queue.Queue[str | None] = queue.Queue()
+    slots = threading.Semaphore(workers)
+    lost, polls = [0], [0]
+
+    def work(conn: Any) -> None:
+        while (name := claimed.get()) is not None:
+            selected = f"{d['incoming/select']}/{name}~{node_id}"
+            body = conn.get(selected)
+            for sub in subs:
+                conn.put(f"{d[f'stage/{sub}']}/{name}~{node_id}", body)
+            conn.rename(selected, f"{d['incoming/archive']}/{name}~{node_id}~{_stamp()}")
+            for sub in subs:
+                conn.rename(f"{d[f'stage/{sub}']}/{name}~{node_id}", f"{d[f'box/{sub}']}/{name}")
+            with counter.get_lock():
+                counter.value += 1
+            slots.release()
+
+    threads = [threading.Thread(target=work, args=(c,), daemon=True) for c in conns]
+    for t in threads:
+        t.start()
+    while not stop.is_set():
+        if not slots.acquire(timeout=0.1):
+            continue
+        free = 1
+        while free < workers and slots.acquire(blocking=False):
+            free += 1
+        polls[0] += 1
+        taken = 0
+        for name in lister.names(d["incoming/box"]):
+            if taken >= free:
+                break
+            if lister.rename(f"{d['incoming/box']}/{name}", f"{d['incoming/select']}/{name}~{node_id}"):
+                claimed.put(name)
+                taken += 1
+            else:
+                lost[0] += 1
+        for _ in range(free - taken):
+            slots.release()
+    for _ in threads:
+        claimed.put(None)
+    for t in threads:
+        t.join(10)
+    for c in [lister, *conns]:
+        c.close()
+    out.put({"lost_races": lost[0], "polls": polls[0], "rss_mib": peak_rss_mib()})
+
+
 class Nodes:
     def __init__(self, spec: dict[str, Any], count: int, mode: str) -> None:
         self.counter, self._ready = MP.Value("q", 0), MP.Value("q", 0)
@@ -121,6 +186,10 @@ class Nodes:
         self.children = Children()
         self.count = count
         for i in range(count):
+            if mode == "fanout":
+                self.children.start(_fanout_main, spec, f"floor-{i}", self.counter, self._ready, self._go,
+                                    self._stop, self._out)
+                continue
             self.children.start(_node_main, spec, f"floor-{i}", mode, self.counter, self._ready,
                                 self._go, self._stop, self._out)
 
@@ -347,4 +416,23 @@ def large(spec: dict[str, Any]) -> dict[str, Any]:
             "recv_rss_mib": stats[0]["rss_mib"]}
 
 
-CASES = {"send": send, "consume": consume, "reqresp": reqresp, "idle": idle, "large": large}
+def fanout(spec: dict[str, Any]) -> dict[str, Any]:
+    """The fan-out case's floor: the same backlog, names ``msg.<uuid4>``, one bare node."""
+    p = spec["params"]
+    target = spec["target"]
+    subs = subscription_names(p["subscriptions"])
+    prepare_topic(target, subs)
+    fill_names(target, topic_dirs(subs)["incoming/box"], [f"msg.{uuid.uuid4()}" for _ in range(p["backlog"])],
+               p["size"])
+    nodes = Nodes(spec, 1, "fanout")
+    try:
+        began = nodes.go()
+        elapsed = fanned_out(target, subs, p["backlog"], began)
+    finally:
+        stats = nodes.finish()
+    return {"rate": p["backlog"] / elapsed, "fanned_out": p["backlog"], "polls": stats[0]["polls"],
+            "node_rss_mib": stats[0]["rss_mib"]}
+
+
+CASES = {"send": send, "consume": consume, "reqresp": reqresp, "idle": idle, "large": large,
+         "fanout": fanout}

@@ -3,14 +3,18 @@
 Modules, one job each:
 
 ``sources``   which directories of which endpoints are read (from a Config or plain arguments)
-``records``   the listing schemas and the per-name parser shared by Spark and the plain pass
+``records``   the listing schemas and the reference per-name parser (Python)
 ``nametime``  the submit time written in a request's name, when its message_name has one
+``nameplan``  a message_name as a Java regular expression and where each value is in it
+``sqlnames``  the same parser as Spark SQL columns: names parsed in the JVM
+``listing``   local archive folders listed by the driver into Parquet for Spark
 ``mirror``    incremental local mirror of remote archive listings (FTP, FTPS, SFTP)
 ``figures``   the Spark computations
+``plain``     the same figures in plain Python: the reference the job is checked against
 ``chart``     the PNG chart
 ``compact``   archive compaction into a Parquet dataset, journaled removals
 ``job``       the whole run; ``main()`` for ``spark-submit``
 
-Nothing here imports pyspark at module level except ``figures`` and ``job``, which are only
-imported when the ``aggregate`` command runs.
+Nothing here imports pyspark at module level except ``figures`` and ``sqlnames``, which are
+only imported when the ``aggregate`` command runs.
 """

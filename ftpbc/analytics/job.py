@@ -9,9 +9,10 @@ Runnable as ``ftpbc aggregate ...`` or ``spark-submit ftpbc/analytics/job.py ...
     chart.png                       requests and latency percentiles over time
     mirror/                         the incremental listing mirror of FTP/SFTP areas (a cache)
 
-Routes: a ``file://`` area is listed by Spark's Python workers (``listing``); FTP, FTPS and SFTP
-areas are listed by ftpbc's transport into the mirror, whose parts the workers read.  Either way
-no server credential reaches Spark: it only ever sees local paths and names.
+Routes: a ``file://`` area is listed by the driver into Parquet (``listing``); FTP, FTPS and SFTP
+areas are listed by ftpbc's transport into the mirror, whose parts Spark reads.  Names are parsed
+in the JVM (``sqlnames``).  Either way no server credential reaches Spark: it only ever sees local
+paths and names.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Listing records: their schemas, and the per-name parser that Spark and the plain pass share.
+"""Listing records: their schemas, and the reference per-name parser (Spark's SQL one follows it).
 
 A *raw* record is one directory entry of an archive folder, as any source gives it::
 
@@ -8,11 +8,11 @@ A *raw* record is one directory entry of an archive folder, as any source gives 
 (1 on a local disk read by ftpbc, 1,000 when read by Spark's local file listing, 1,000,000 from
 FTP MLSD or SFTP, 60,000,000 from an FTP ``LIST`` that shows minutes).
 
-A *parsed* record adds what the name says (``ftpbc.exchange.parse_archive_name`` and the
-endpoint's message_name, see :mod:`ftpbc.analytics.nametime`)::
+A *parsed* record adds what the name says (:func:`parse_record`: the archive suffix, the
+endpoint's naming, ftpbc or dropboxmq, and its message_name, see :mod:`ftpbc.analytics.nametime`)::
 
-    kind     request | response | error_reply | reason | other
-    uuid     correlation id (requests, responses, error replies, reasons)
+    kind     request | response | error_reply | reason | other (skipped by the figures)
+    uuid     the id requests and replies pair on (requests, responses, error replies)
     node     node that served (in) / collected (out) it; ``uncollected`` for a provider's sweep
     stamp_us when that node archived it (millisecond precision, from the name)
     name_time_us, name_prec_us   submit time written in a request's name, when there is one
@@ -24,7 +24,7 @@ on 10,000 JSON files, 8x the read time).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -232,12 +232,3 @@ def parse_record(raw: Mapping[str, Any], naming: Mapping[str, str]) -> dict[str,
         kind, uuid, name_time, name_prec = _ftpbc_kind(name, raw["folder"], naming)
     return {**raw, "kind": kind, "uuid": uuid, "node": node, "stamp_us": stamp,
             "name_time_us": name_time, "name_prec_us": name_prec}
-
-
-def parse_rows(rows: Iterable[Mapping[str, Any]], namings: Mapping[str, Mapping[str, str]]
-               ) -> Iterator[tuple[Any, ...]]:
-    """Raw records -> parsed records as tuples in :data:`PARSED_FIELDS` order (for ``mapPartitions``)."""
-    names = [n for n, _ in PARSED_FIELDS]
-    for r in rows:
-        parsed = parse_record(r, namings[r["endpoint"]])
-        yield tuple(parsed[n] for n in names)

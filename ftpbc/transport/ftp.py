@@ -7,8 +7,7 @@ What each session does once, at login: ``TCP_NODELAY`` on the control socket (an
 socket), ``FEAT`` to learn MLSD/MLST/EPSV/MDTM/SIZE, ``TYPE I``.  ftplib's ``storbinary``/
 ``retrbinary`` re-send ``TYPE`` on every call; this module opens data connections itself
 (EPSV when advertised, else PASV; active mode is not implemented, and ``passive: false`` is
-refused), which is what makes one STOR cost one data connection and nothing more; the passive
-request and the transfer command go out in one write (one round trip fewer per transfer).  A PASV
+refused), which is what makes one STOR cost one data connection and nothing more.  A PASV
 reply naming another address than the control connection's peer (a server behind NAT
 announcing its private address) is ignored in favour of the control host.
 
@@ -721,24 +720,15 @@ class FTPTransport(Transport):
     @contextmanager
     def _data(self, s: _Session, command: str, path: str,
               progress: Progress | None) -> Iterator[socket.socket]:
-        """A data connection for ``command`` (STOR/RETR/LIST...), closed after the block.
-
-        The passive request and ``command`` go out in one write (see :meth:`_passive`), so the
-        command waits at the server while the data connection is opened: one round trip per
-        transfer fewer, the same commands in the same order.
-        """
+        """A data connection for ``command`` (STOR/RETR/LIST...), closed after the block."""
         ftp = s.ftp
-        host, port = self._passive(s, command, progress)
-        try:
-            conn = socket.create_connection((host, port), ftp.timeout)
-        except ConnectionRefusedError:
-            # A server that refuses the command at once (ProFTPD: 550 for a missing file)
-            # closes the passive port before the client gets to it: its reply says why.
-            resp = ftp.getresp()  # raises the refusal (error_perm / error_temp)
-            raise ftplib.error_reply(f"{command.split(' ', 1)[0]} answered {resp!r}, but its data "
-                                     "port refused the connection") from None
+        host, port = self._passive(s)
+        conn = socket.create_connection((host, port), ftp.timeout)
         try:
             _nodelay(conn)
+            ftp.putcmd(command)
+            if progress is not None:
+                progress.sent = True
             resp = ftp.getresp()
             if resp[0] == "2":  # some servers send 2xx before the transfer reply
                 resp = ftp.getresp()
@@ -756,45 +746,25 @@ class FTPTransport(Transport):
         finally:
             conn.close()
 
-    def _passive(self, s: _Session, command: str, progress: Progress | None) -> tuple[str, int]:
-        """Send EPSV (when advertised, else PASV) and ``command`` in one write; return where to
-        open the data connection.  ``command``'s own reply is left for the caller, to read
-        once connected (a server answers it only then, or says 150 and waits).
+    def _passive(self, s: _Session) -> tuple[str, int]:
+        """Where to open the next data connection: EPSV when advertised, else PASV.
 
-        A passive request that fails leaves ``command`` without a data port: the server
-        refuses it (425, 503...) and it does nothing.  Its reply is read here, so the session
-        stays in step; an answer that it began anyway (1xx, 2xx) is a ProtocolError, and the
-        session is dropped.  A 425 is asked again, up to PASSIVE_RETRIES times with a short
-        backoff: ProFTPD answers "425 Unable to build data connection: Address already in use"
-        when the passive port it picked at random cannot be bound, and picks another next time.
+        A 425 is asked again, up to PASSIVE_RETRIES times with a short backoff: ProFTPD answers
+        "425 Unable to build data connection: Address already in use" when the passive port it
+        picked at random cannot be bound, and picks another one next time.  Nothing was sent
+        but the passive request itself, so asking again changes nothing on the server.
         """
         ftp = s.ftp
-        if "\r" in command or "\n" in command:  # what ftplib's putline refuses, for the same reason
-            raise ValueError(f"a line break in an FTP command: {command[:200]!r}")
-        epsv = s.has("EPSV")
-        request = f"{'EPSV' if epsv else 'PASV'}\r\n{command}\r\n".encode(ftp.encoding)
         for attempt in range(PASSIVE_RETRIES + 1):
-            s.sock.sendall(request)
-            if progress is not None:
-                progress.sent = True
             try:
-                if epsv:
-                    return ftplib.parse229(ftp.voidresp(), s.sock.getpeername())
-                _announced, port = ftplib.parse227(ftp.voidresp())
+                if s.has("EPSV"):
+                    return ftplib.parse229(ftp.sendcmd("EPSV"), s.sock.getpeername())
+                _announced, port = ftplib.parse227(ftp.sendcmd("PASV"))
                 # A server behind NAT announces its private address; the control host works.
                 return s.peer_host, port
-            except (ftplib.error_temp, ftplib.error_perm) as exc:
-                refused = exc  # (a reply that cannot be parsed raises: the session is dropped)
-            try:
-                ftp.getresp()
-            except ftplib.Error:
-                pass  # the command refused, as it must be without a data port
-            else:
-                raise ProtocolError(f"{command.split(' ', 1)[0]} was accepted after its passive request "
-                                    f"failed ({refused})", server=self.server)
-            if not (isinstance(refused, ftplib.error_temp) and str(refused).startswith("425")) \
-                    or attempt == PASSIVE_RETRIES:
-                raise refused
+            except ftplib.error_temp as exc:
+                if not str(exc).startswith("425") or attempt == PASSIVE_RETRIES:
+                    raise
             time.sleep(0.01 * 2**attempt)
         raise AssertionError("unreachable")
 
