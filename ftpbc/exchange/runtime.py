@@ -7,7 +7,7 @@ import functools
 import logging
 import threading
 import uuid as uuidlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypedDict
@@ -59,6 +59,8 @@ class Runtime:
         self._lock = threading.Lock()
         self._transports: dict[str, Transport] = {}
         self._lifecycles: dict[tuple[str, str], Lifecycle] = {}
+        #: one lock per lifecycle being made: its first caller makes and prepares it, the others wait
+        self._making: dict[tuple[str, str], threading.Lock] = {}
         self._recovered = False
 
     def transport(self, server: str) -> Transport:
@@ -71,20 +73,50 @@ class Runtime:
             return self._transports[server]
 
     def lifecycle(self, endpoint: str, direction: Direction = "in") -> Lifecycle:
-        """The lifecycle of one direction of an endpoint's exchange area (prepared)."""
-        ep = self.config.endpoint(endpoint)
-        key = (endpoint, direction)
+        """The lifecycle of one direction of an endpoint's exchange area (prepared).
+
+        Made and prepared once per process: concurrent first callers wait for the one making
+        it.  ConfigError for a name :meth:`Config.endpoint` does not resolve (never cached).
+        """
+        # The cache first: a fan-out asks for its lifecycles dozens of times a message, and
+        # resolving a TOPIC/SUB name's configuration costs more than the lookup.  No lock: one
+        # dict read is atomic, and entries are only ever added (or all dropped by close).
+        lc = self._lifecycles.get((endpoint, direction))
+        if lc is not None:
+            return lc
+
+        def make() -> Lifecycle:
+            ep = self.config.endpoint(endpoint)
+            made = Lifecycle(AreaLayout(endpoint, ep, direction, peers=self.config.endpoints),
+                             self.transport(ep.server),
+                             self.journal.endpoint(endpoint), self.node_id,
+                             max_deliveries=ep.max_deliveries, redelivery_delay=ep.redelivery_delay,
+                             policy=QueuePolicy.of(ep, direction))
+            made.prepare()
+            return made
+
+        return self._made((endpoint, direction), make)
+
+    def _made(self, key: tuple[str, str], make: Callable[[], Lifecycle]) -> Lifecycle:
+        """The cached lifecycle of ``key``, made by ``make`` if there is none yet.
+
+        One caller makes it (its ``prepare`` creates the area's directories: one set of MKDs,
+        not one per worker starting at once); the others of the same key wait for it, those of
+        other keys do not.  If ``make`` raises, nothing is cached and the next caller tries again.
+        """
         with self._lock:
             lc = self._lifecycles.get(key)
-        if lc is None:
-            lc = Lifecycle(AreaLayout(endpoint, ep, direction, peers=self.config.endpoints),
-                           self.transport(ep.server),
-                           self.journal.endpoint(endpoint), self.node_id,
-                           max_deliveries=ep.max_deliveries, redelivery_delay=ep.redelivery_delay,
-                           policy=QueuePolicy.of(ep, direction))
-            lc.prepare()
+            if lc is not None:
+                return lc
+            making = self._making.setdefault(key, threading.Lock())
+        with making:
             with self._lock:
-                lc = self._lifecycles.setdefault(key, lc)
+                lc = self._lifecycles.get(key)
+            if lc is None:
+                lc = make()
+                with self._lock:
+                    self._lifecycles[key] = lc
+                    self._making.pop(key, None)
         return lc
 
     def endpoint_lifecycles(self, endpoint: str) -> tuple[Lifecycle, Lifecycle]:
@@ -97,17 +129,20 @@ class Runtime:
             known = ", ".join(sorted(config.transfers)) or "none"
             raise ConfigError(f"unknown transfer {name!r} (defined: {known})", file=config.source)
         key = (name, "transfer")
-        with self._lock:
-            lc = self._lifecycles.get(key)
-        if lc is None:
+        lc = self._lifecycles.get(key)
+        if lc is not None:
+            return lc
+
+        def make() -> Lifecycle:
             tc = config.transfers[name]
             layout = PartnerLayout(name, tc, self.sequences)
-            lc = Lifecycle(layout, self.transport(tc.server), self.journal.endpoint(layout.key), self.node_id,
-                           max_deliveries=tc.max_deliveries, redelivery_delay=tc.redelivery_delay)
-            lc.prepare()
-            with self._lock:
-                lc = self._lifecycles.setdefault(key, lc)
-        return lc
+            made = Lifecycle(layout, self.transport(tc.server), self.journal.endpoint(layout.key),
+                             self.node_id, max_deliveries=tc.max_deliveries,
+                             redelivery_delay=tc.redelivery_delay)
+            made.prepare()
+            return made
+
+        return self._made(key, make)
 
     def new_message(self, endpoint: str, kind: Kind, *, priority: int | None = None,
                     properties: Mapping[str, PropertyValue] | None = None, ttl: float | None = None,

@@ -52,6 +52,15 @@ class FanOut(Provider):
         #: copies exposed by this node (a message to three subscriptions counts three)
         self.copies = 0
 
+    def _free_slots(self) -> int:
+        # Claim as soon as one worker is free, not half of them as an endpoint's poller does
+        # once work keeps coming: a fanned-out message holds its worker for some 25 round trips
+        # (a STOR and a rename per copy), so waiting for a second worker left one idle for most
+        # of a message (4.1-4.3 of 5 busy, against 4.6-4.8 claiming for one).  A claim still
+        # comes from the remembered backlog, so this costs polls under the lock, not listings.
+        self._refill_at = 1
+        return super()._free_slots()
+
     def _serve(self, claimed: Claimed) -> bool:
         started = time.monotonic()
         # Every subscription that existed when this message was published is in a registry
