@@ -42,12 +42,17 @@ def test_threads_asking_at_once_share_one_lifecycle_prepared_once(runtime: Runti
     real_prepare = Lifecycle.prepare
     asking: list[int] = []
     all_asking = threading.Event()
+    second_prepare = threading.Event()
 
     def counting_prepare(self: Lifecycle) -> None:
         prepared.append(self.name)
-        # The first maker goes on only once every thread has asked: a runtime that does not
-        # make the others wait would then have each of them prepare a lifecycle of its own.
+        if len(prepared) > 1:
+            second_prepare.set()
+        # The first maker goes on only once every thread has asked and a second prepare had a
+        # second to begin: a runtime that does not make the others wait for the first maker has
+        # each of them prepare a lifecycle of its own meanwhile (seen: 8 of 8).
         all_asking.wait(timeout=10)
+        second_prepare.wait(timeout=1.0)
         real_prepare(self)
 
     monkeypatch.setattr(Lifecycle, "prepare", counting_prepare)

@@ -28,7 +28,8 @@ from tests.support import ftpbc_env, run_ftpbc
 
 __all__ = ["spark_cluster"]  # the fixture, imported for pytest
 
-pytestmark = pytest.mark.slow
+# Two whole runs (local, cluster) of up to 240 s each: 141 s alone here, over 300 s at a load of 10.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 CONFIG = """\
 node:
