@@ -50,7 +50,7 @@ def test_threads_asking_at_once_share_one_lifecycle_prepared_once(runtime: Runti
             second_prepare.set()
         # The first maker goes on only once every thread has asked and a second prepare had a
         # second to begin: a runtime that does not make the others wait for the first maker has
-        # each of them prepare a lifecycle of its own meanwhile (seen: 8 of 8).
+        # several of them prepare a lifecycle of their own meanwhile (seen with the code before).
         all_asking.wait(timeout=10)
         second_prepare.wait(timeout=1.0)
         real_prepare(self)
