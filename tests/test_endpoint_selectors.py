@@ -49,7 +49,14 @@ def _box(handle: ServerHandle, repo: str, directory: str = "inbox") -> list[tupl
     path = handle.local(f"{repo}/{directory}")
     if not path.exists():
         return []
-    return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in path.iterdir())
+    out = []
+    for p in path.iterdir():
+        try:
+            st = p.stat()
+        except FileNotFoundError:  # renamed away (claimed, committed) since the listing
+            continue
+        out.append((p.name, st.st_size, st.st_mtime_ns))
+    return sorted(out)
 
 
 def _provider(node: Node) -> Provider:
