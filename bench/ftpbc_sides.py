@@ -22,12 +22,14 @@ from common import (
     Children,
     config,
     consumed,
+    cpu_seconds,
     fanned_out,
     fill_inbox,
     fill_linked,
     fill_names,
     measure,
     peak_rss_mib,
+    per_message_ms,
     percentile,
     prepare_area,
     prepare_topic,
@@ -73,13 +75,14 @@ def _node_main(spec: dict[str, Any], node_id: str, endpoints: dict[str, Any], mo
     with ready.get_lock():
         ready.value += 1
     go.wait()
+    cpu_at_go = cpu_seconds()
     node.start()
     stop.wait()
     node.stop(drain_timeout=5)
     stats = {"lost_races": sum(p.stats.lost_races for p in node.providers.values()),
              "polls": sum(p.stats.polls for p in node.providers.values()),
              "copies": sum(getattr(p, "copies", 0) for p in node.providers.values()),
-             "rss_mib": peak_rss_mib()}
+             "rss_mib": peak_rss_mib(), "cpu_s": cpu_seconds() - cpu_at_go, "handled": counter.value}
     out.put(stats)
 
 
@@ -158,7 +161,8 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         stats = nodes.finish()
     return {"rate": count / elapsed, "consumed": count, "lost_races": sum(s["lost_races"] for s in stats),
-            "polls": sum(s["polls"] for s in stats), "node_rss_mib": max(s["rss_mib"] for s in stats)}
+            "polls": sum(s["polls"] for s in stats), "node_rss_mib": max(s["rss_mib"] for s in stats),
+            "node_cpu_ms_per_msg": per_message_ms(stats, sum(s["handled"] for s in stats))}
 
 
 def _priorities(p: dict[str, Any]) -> Callable[[], str]:
@@ -237,10 +241,11 @@ def reqresp(spec: dict[str, Any]) -> dict[str, Any]:
             # Recorded so bench.json shows which coordination a run really had.
             where = client.runtime.coordination.where
     finally:
-        nodes.finish()
+        stats = nodes.finish()
     ms = [x * 1000 for x in latencies]
     return {"rate": done[0] / elapsed, "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99),
-            "requests": done[0], "coordination": where}
+            "requests": done[0], "coordination": where,
+            "node_cpu_ms_per_msg": per_message_ms(stats, sum(s["handled"] for s in stats))}
 
 
 def idle(spec: dict[str, Any]) -> dict[str, Any]:
@@ -341,7 +346,8 @@ def fanout(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         stats = nodes.finish()
     return {"rate": p["backlog"] / elapsed, "fanned_out": p["backlog"], "copies": stats[0]["copies"],
-            "polls": stats[0]["polls"], "node_rss_mib": stats[0]["rss_mib"]}
+            "polls": stats[0]["polls"], "node_rss_mib": stats[0]["rss_mib"],
+            "node_cpu_ms_per_msg": per_message_ms(stats, p["backlog"])}
 
 
 def local_oneway(spec: dict[str, Any]) -> dict[str, Any]:

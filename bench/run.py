@@ -222,6 +222,10 @@ def verdict(v: Variant, ours: dict[str, float | None],
             r2 = ours[second] / base[second]  # type: ignore[operator]
             ok = ok and r2 >= 0.9
             return f"send {ratio:.2f}, recv {r2:.2f}, RSS {rss:.0f} MiB", ok
+    cpu, base_cpu = ours.get("node_cpu_ms_per_msg"), base.get("node_cpu_ms_per_msg")
+    if cpu and base_cpu:
+        # where the gap is: the node's own CPU per message against the floor's
+        return f"{ratio:.2f} (node CPU {cpu:.2f} vs {base_cpu:.2f} ms/msg)", ok
     return f"{ratio:.2f}", ok
 
 

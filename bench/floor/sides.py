@@ -26,11 +26,13 @@ from common import (
     MP,
     Children,
     consumed,
+    cpu_seconds,
     fanned_out,
     fill_inbox,
     fill_names,
     measure,
     peak_rss_mib,
+    per_message_ms,
     percentile,
     prepare_area,
     prepare_topic,
@@ -58,6 +60,7 @@ def _node_main(spec: dict[str, Any], node_id: str, mode: str, counter: Any, read
     with ready.get_lock():
         ready.value += 1
     go.wait()
+    cpu_at_go = cpu_seconds()
     # Connected after the start signal, as ftpbc's pool connects on first use: both sides'
     # timings include their logins.
     lister = connect(target)
@@ -116,7 +119,8 @@ def _node_main(spec: dict[str, Any], node_id: str, mode: str, counter: Any, read
         t.join(10)
     for c in [lister, *conns]:
         c.close()
-    out.put({"lost_races": lost[0], "polls": polls[0], "rss_mib": peak_rss_mib()})
+    out.put({"lost_races": lost[0], "polls": polls[0], "rss_mib": peak_rss_mib(),
+             "cpu_s": cpu_seconds() - cpu_at_go, "handled": counter.value})
 
 
 def _fanout_main(spec: dict[str, Any], node_id: str, counter: Any, ready: Any, go: Any, stop: Any,
@@ -130,6 +134,7 @@ def _fanout_main(spec: dict[str, Any], node_id: str, counter: Any, ready: Any, g
     with ready.get_lock():
         ready.value += 1
     go.wait()
+    cpu_at_go = cpu_seconds()
     lister = connect(target)
     conns = [connect(target) for _ in range(workers)]
     claimed: queue.Queue[str | None] = queue.Queue()
@@ -176,7 +181,8 @@ def _fanout_main(spec: dict[str, Any], node_id: str, counter: Any, ready: Any, g
         t.join(10)
     for c in [lister, *conns]:
         c.close()
-    out.put({"lost_races": lost[0], "polls": polls[0], "rss_mib": peak_rss_mib()})
+    out.put({"lost_races": lost[0], "polls": polls[0], "rss_mib": peak_rss_mib(),
+             "cpu_s": cpu_seconds() - cpu_at_go, "handled": counter.value})
 
 
 class Nodes:
@@ -251,7 +257,8 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         stats = nodes.finish()
     return {"rate": count / elapsed, "consumed": count, "lost_races": sum(s["lost_races"] for s in stats),
-            "polls": sum(s["polls"] for s in stats), "node_rss_mib": max(s["rss_mib"] for s in stats)}
+            "polls": sum(s["polls"] for s in stats), "node_rss_mib": max(s["rss_mib"] for s in stats),
+            "node_cpu_ms_per_msg": per_message_ms(stats, sum(s["handled"] for s in stats))}
 
 
 class _Responses:
@@ -343,7 +350,8 @@ def reqresp(spec: dict[str, Any]) -> dict[str, Any]:
         stats = nodes.finish()
     ms = [x * 1000 for x in latencies]
     return {"rate": done[0] / elapsed, "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99),
-            "requests": done[0], "lost_races": sum(s["lost_races"] for s in stats)}
+            "requests": done[0], "lost_races": sum(s["lost_races"] for s in stats),
+            "node_cpu_ms_per_msg": per_message_ms(stats, sum(s["handled"] for s in stats))}
 
 
 def idle(spec: dict[str, Any]) -> dict[str, Any]:
@@ -431,7 +439,7 @@ def fanout(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         stats = nodes.finish()
     return {"rate": p["backlog"] / elapsed, "fanned_out": p["backlog"], "polls": stats[0]["polls"],
-            "node_rss_mib": stats[0]["rss_mib"]}
+            "node_rss_mib": stats[0]["rss_mib"], "node_cpu_ms_per_msg": per_message_ms(stats, p["backlog"])}
 
 
 CASES = {"send": send, "consume": consume, "reqresp": reqresp, "idle": idle, "large": large,
