@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import time
+import tracemalloc
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 
 from ftpbc.client import Client
 from ftpbc.exchange.browse import Waiting
+from ftpbc.exchange.layout import delivery_order
 from tests.cluster import Started, in_process_config, write_config
 from tests.servers.handle import ServerHandle
 from tests.support import ftpbc_env, run_ftpbc
@@ -132,3 +135,52 @@ def test_ftpbc_browse_command(pyftpdlib_server: ServerHandle, tmp_path: Path, st
     assert len(err.strip().splitlines()) == 1 and "column" in err
 
     assert _tree(handle, repo) == before
+
+
+def _fill_large(inbox: Path, count: int) -> None:
+    """``count`` one-way messages written straight into the inbox, each a second older than the
+    next: priority 9 for the last three, 7 for every 250th, 0 for every 3rd, 4 (unnamed) else."""
+    first = FIRST - count
+    for i in range(count):
+        priority = 9 if i >= count - 3 else 7 if i % 250 == 0 else 0 if i % 3 == 0 else 4
+        path = inbox / f"msg.{uuid.uuid4()}{'' if priority == 4 else f';p={priority}'}"
+        path.write_bytes(b"x")
+        os.utime(path, (first + i, first + i))
+
+
+def test_browse_of_a_large_inbox_keeps_only_the_limit(server: ServerHandle, tmp_path: Path,
+                                                      started: Started) -> None:
+    """5,000 messages, limit 10: the first 10 in delivery order (the three priority-9 ones,
+    then the oldest priority-7 ones), the same through a selector; and (where the transport
+    streams its listing) what the browse holds stays small beside an unlimited browse."""
+    repo = f"{server.fresh_dir()}/ep"
+    client = started.add(Client(in_process_config(server, tmp_path, "cli", {"ep": {"repository": repo}})))
+    lc = client.runtime.lifecycle("ep")  # creates the exchange area
+    _fill_large(server.local(f"{repo}/inbox"), 5000)
+    # The reference: the provider's own listing, every message, put in delivery order here.
+    every = sorted(lc.listing().candidates, key=delivery_order)
+    assert len(every) == 5000
+
+    ten = client.browse("ep", limit=10)
+    assert [w.name for w in ten] == [c.name for c in every[:10]]
+    assert [w.envelope.headers.priority for w in ten] == [9, 9, 9] + [7] * 7
+    low = client.browse("ep", selector="JMSPriority < 4", limit=10)
+    assert [w.name for w in low] == [c.name for c in every if c.envelope.headers.priority < 4][:10]
+    with_bodies = client.browse("ep", limit=10, bodies=True)
+    assert [w.name for w in with_bodies] == [w.name for w in ten]
+    assert all(w.body == b"x" for w in with_bodies)
+
+    def peak(limit: int | None) -> int:
+        tracemalloc.start()
+        try:
+            client.browse("ep", limit=limit)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    # The layout's cache of decoded names is warm by now (it is the same for both): what differs
+    # is what the browse itself holds of the listing.  Over FTP the transport holds the
+    # listing's text while it parses it (bounded by max_listing_entries), the same for both:
+    # only the streaming transports show the browse's own share alone.
+    if server.kind in ("local", "sshd"):
+        assert peak(10) * 4 < peak(None)

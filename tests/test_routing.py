@@ -277,6 +277,60 @@ def test_a_failing_destination_is_retried_then_the_message_goes_to_failure_with_
     assert pending(tmp_path) == {}
 
 
+# --------------------------------------------------------------------------- bounded destinations
+
+
+@pytest.mark.parametrize("on_overflow", ["reject", "dead_letter"])
+@pytest.mark.parametrize("kind", ["pyftpdlib", "vsftpd"])
+def test_a_full_destination_inbox_is_retried_then_overflows_as_its_endpoint_says(
+        request: pytest.FixtureRequest, local_server: ServerHandle, tmp_path: Path, kind: str,
+        on_overflow: str) -> None:
+    """A destination endpoint bounded to 3 messages, five routed to it at once (five workers,
+    capacity 5): 3 in its inbox, never more; the other 2 retried, then where its on_overflow
+    says (reject: the failure outlink, reason ``queue full``; dead_letter: its dead letters,
+    the reason beside each); all five accounted for, the source committed."""
+    dst_server: ServerHandle = request.getfixturevalue(f"{kind}_server")
+    src, dst = local_server.fresh_dir(), dst_server.fresh_dir()
+    config = Config.model_validate({
+        "node": node_section(tmp_path),
+        "servers": {"src": local_server.config(name="src"), "dst": dst_server.config(name="dst")},
+        "endpoints": {"events": {"server": "src", "repository": f"{src}/events", **FAST},
+                      "target": {"server": "dst", "repository": f"{dst}/target", "max_messages": 3,
+                                 "on_overflow": on_overflow, **FAST}},
+        "routes": {"r": {"source": "events", "max_retry": 2, "retry_delay": 0.05, "capacity": 5,
+                         "failure": f"{prefix_of(local_server, src)}/failed",
+                         "rulesets": [{"name": "all", "uri_template": ["endpoint:target"]}]}},
+    })
+    bodies = [f"message {i}".encode() for i in range(5)]
+    with Client(config.with_node_id("n1.client1")) as client:
+        for body in bodies:
+            client.send("events", body)
+    with serving(config) as node:
+        wait_until(lambda: len(files_in(local_server, f"{src}/events/inarchive")) == len(bodies), timeout=60,
+                   what="every message routed or overflowed")
+        stats = router_of(node).route_stats
+        wait_until(lambda: (stats.routed, stats.failed) == (3, 2), what="3 routed and 2 failures counted")
+    inbox = files_in(dst_server, f"{dst}/target/inbox")
+    assert len(inbox) == 3
+    overflowed = files_in(local_server, f"{src}/failed") if on_overflow == "reject" else files_in(
+        dst_server, f"{dst}/target/indead")
+    reasons = {n: r.decode() for n, r in overflowed.items() if n.endswith(".reason")}
+    messages = {n: b for n, b in overflowed.items() if not n.endswith(".reason")}
+    assert sorted([*inbox.values(), *messages.values()]) == bodies  # nothing lost, nothing twice
+    assert sorted(reasons) == sorted(n + ".reason" for n in messages)
+    for reason in reasons.values():
+        assert "queue full: endpoint 'target' holds 3 message(s)" in reason and "max_messages is 3" in reason
+        assert "after 2 retries" in reason
+    if on_overflow == "reject":
+        assert files_in(dst_server, f"{dst}/target/indead") == {}
+    else:
+        assert all(r.startswith("overflow: ") for r in reasons.values())
+        assert files_in(local_server, f"{src}/failed") == {}
+    assert files_in(local_server, f"{src}/events/inbox") == {}
+    assert files_in(local_server, f"{src}/events/inselect") == {}
+    assert pending(tmp_path) == {}
+
+
 # --------------------------------------------------------------------------- crashes
 
 

@@ -367,6 +367,9 @@ BASE = "servers: {s: {url: 'file:///tmp/x'}}\nendpoints: {e: {server: s, reposit
     ("{o: {server: s, repository: /t, subscriptions: {a: {durable: false}}}}",
      "topics.o.subscriptions.a.durable: subscriptions in the configuration are durable"),
     ("{o: {server: s, repository: /t, timezone: Mars/Base}}", "topics.o.timezone: unknown time zone"),
+    ("{o: {server: s, repository: /t, oneway_prefix: 'a/b'}}",
+     "topics.o.oneway_prefix: prefix 'a/b' must be plain text"),
+    ("{o: {server: s, repository: /t, workers: 0}}", "topics.o.workers: "),
     ("{o: {server: s, repository: /t, handler: 'a:b'}}", "topics.o.handler: unknown key"),
     ("{'o/x': {server: s, repository: /t}}", "topics: topic name 'o/x' must be"),
 ])

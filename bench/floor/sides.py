@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,13 @@ def _stamp() -> str:
 # --------------------------------------------------------------------------- a bare serving node
 
 
-def _node_main(spec: dict[str, Any], node_id: str, mode: str, counter: Any, ready: Any, go: Any,
-               stop: Any, out: Any) -> None:
+def _serve(spec: dict[str, Any], node_id: str, box: str, select: str,
+           handle: Callable[[Any, str, str], None], counter: Any, ready: Any, go: Any, stop: Any,
+           out: Any) -> None:
+    """A bare serving node: one listing thread claims (renames ``box/<name>`` to
+    ``select/<name>~<node>``) as many files as it has idle workers, ``workers`` threads each on
+    its own connection run ``handle(conn, name, selected)`` on each claim; at ``stop`` its
+    stats go to ``out``."""
     target, workers = spec["target"], spec["params"].get("workers", 5)
     with ready.get_lock():
         ready.value += 1
@@ -67,89 +73,11 @@ def _node_main(spec: dict[str, Any], node_id: str, mode: str, counter: Any, read
     conns = [connect(target) for _ in range(workers)]
     claimed: queue.Queue[str | None] = queue.Queue()
     slots = threading.Semaphore(workers)
-    lost = [0]
-    polls = [0]
-
-    def work(conn: Any) -> None:
-        while (name := claimed.get()) is not None:
-            selected = f"{IN['select']}/{name}~{node_id}"
-            if mode == "large":
-                with tempfile.TemporaryFile() as spool:
-                    conn.get_stream(selected, spool)
-            else:
-                body = conn.get(selected)
-            archived = f"{IN['archive']}/{name}~{node_id}~{_stamp()}"
-            if mode == "echo" and name.startswith("req."):
-                resp = "resp." + name[4:]
-                staged = f"{OUT['stage']}/{resp}~{node_id}"
-                conn.put(staged, body)
-                conn.rename(selected, archived)
-                conn.rename(staged, f"{OUT['box']}/{resp}")
-            else:
-                conn.rename(selected, archived)
-            with counter.get_lock():
-                counter.value += 1
-            slots.release()
-
-    threads = [threading.Thread(target=work, args=(c,), daemon=True) for c in conns]
-    for t in threads:
-        t.start()
-    while not stop.is_set():
-        if not slots.acquire(timeout=0.1):
-            continue
-        free = 1
-        while free < workers and slots.acquire(blocking=False):
-            free += 1
-        polls[0] += 1
-        names = lister.names(IN["box"])
-        taken = 0
-        for name in names:
-            if taken >= free:
-                break
-            if lister.rename(f"{IN['box']}/{name}", f"{IN['select']}/{name}~{node_id}"):
-                claimed.put(name)
-                taken += 1
-            else:
-                lost[0] += 1
-        for _ in range(free - taken):
-            slots.release()
-    for _ in threads:
-        claimed.put(None)
-    for t in threads:
-        t.join(10)
-    for c in [lister, *conns]:
-        c.close()
-    out.put({"lost_races": lost[0], "polls": polls[0], "rss_mib": peak_rss_mib(),
-             "cpu_s": cpu_seconds() - cpu_at_go, "handled": counter.value})
-
-
-def _fanout_main(spec: dict[str, Any], node_id: str, counter: Any, ready: Any, go: Any, stop: Any,
-                 out: Any) -> None:
-    """A bare fan-out node: the serving node's lister and workers, each claimed message read
-    once, staged in every subscription's stage directory, the claim archived, then each copy
-    renamed into its subscription's inbox (ftpbc's order, without its journal and records)."""
-    target, workers = spec["target"], spec["params"].get("workers", 5)
-    subs = subscription_names(spec["params"]["subscriptions"])
-    d = topic_dirs(subs)
-    with ready.get_lock():
-        ready.value += 1
-    go.wait()
-    cpu_at_go = cpu_seconds()
-    lister = connect(target)
-    conns = [connect(target) for _ in range(workers)]
-    claimed: queue.Queue[str | None] = queue.Queue()
-    slots = threading.Semaphore(workers)
     lost, polls = [0], [0]
 
     def work(conn: Any) -> None:
         while (name := claimed.get()) is not None:
-            selected = f"{d['incoming/select']}/{name}~{node_id}"
-            body = conn.get(selected)
-            for sub in subs:
-                conn.put(f"{d[f'stage/{sub}']}/{name}~{node_id}", body)
-            conn.rename(selected, f"{d['incoming/archive']}/{name}~{node_id}~{_stamp()}")
-            for sub in subs:
-                conn.rename(f"{d[f'stage/{sub}']}/{name}~{node_id}", f"{d[f'box/{sub}']}/{name}")
+            handle(conn, name, f"{select}/{name}~{node_id}")
             with counter.get_lock():
                 counter.value += 1
             slots.release()
@@ -165,10 +93,10 @@ def _fanout_main(spec: dict[str, Any], node_id: str, counter: Any, ready: Any, g
             free += 1
         polls[0] += 1
         taken = 0
-        for name in lister.names(d["incoming/box"]):
+        for name in lister.names(box):
             if taken >= free:
                 break
-            if lister.rename(f"{d['incoming/box']}/{name}", f"{d['incoming/select']}/{name}~{node_id}"):
+            if lister.rename(f"{box}/{name}", f"{select}/{name}~{node_id}"):
                 claimed.put(name)
                 taken += 1
             else:
@@ -183,6 +111,50 @@ def _fanout_main(spec: dict[str, Any], node_id: str, counter: Any, ready: Any, g
         c.close()
     out.put({"lost_races": lost[0], "polls": polls[0], "rss_mib": peak_rss_mib(),
              "cpu_s": cpu_seconds() - cpu_at_go, "handled": counter.value})
+
+
+def _node_main(spec: dict[str, Any], node_id: str, mode: str, counter: Any, ready: Any, go: Any,
+               stop: Any, out: Any) -> None:
+    """A bare serving node of an endpoint: each claim read (spooled to a file for ``large``),
+    then archived; for ``echo``, a request's response staged in outstage, the request
+    archived, the response exposed."""
+
+    def handle(conn: Any, name: str, selected: str) -> None:
+        if mode == "large":
+            with tempfile.TemporaryFile() as spool:
+                conn.get_stream(selected, spool)
+        else:
+            body = conn.get(selected)
+        archived = f"{IN['archive']}/{name}~{node_id}~{_stamp()}"
+        if mode == "echo" and name.startswith("req."):
+            resp = "resp." + name[4:]
+            staged = f"{OUT['stage']}/{resp}~{node_id}"
+            conn.put(staged, body)
+            conn.rename(selected, archived)
+            conn.rename(staged, f"{OUT['box']}/{resp}")
+        else:
+            conn.rename(selected, archived)
+
+    _serve(spec, node_id, IN["box"], IN["select"], handle, counter, ready, go, stop, out)
+
+
+def _fanout_main(spec: dict[str, Any], node_id: str, counter: Any, ready: Any, go: Any, stop: Any,
+                 out: Any) -> None:
+    """A bare fan-out node: each claimed message read once, staged in every subscription's
+    stage directory, the claim archived, then each copy renamed into its subscription's inbox
+    (ftpbc's order, without its journal and records)."""
+    subs = subscription_names(spec["params"]["subscriptions"])
+    d = topic_dirs(subs)
+
+    def handle(conn: Any, name: str, selected: str) -> None:
+        body = conn.get(selected)
+        for sub in subs:
+            conn.put(f"{d[f'stage/{sub}']}/{name}~{node_id}", body)
+        conn.rename(selected, f"{d['incoming/archive']}/{name}~{node_id}~{_stamp()}")
+        for sub in subs:
+            conn.rename(f"{d[f'stage/{sub}']}/{name}~{node_id}", f"{d[f'box/{sub}']}/{name}")
+
+    _serve(spec, node_id, d["incoming/box"], d["incoming/select"], handle, counter, ready, go, stop, out)
 
 
 class Nodes:

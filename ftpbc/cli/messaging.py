@@ -4,16 +4,32 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
 from ftpbc.cli.common import F, config_option, load, node_id_option, read_body
 from ftpbc.cli.options import message_options, options_dict
-from ftpbc.errors import QueueFull, RequestExpired, RequestTimeout
+from ftpbc.errors import FtpbcError, QueueFull, RemoteHandlerError, RequestExpired, RequestTimeout
+
+if TYPE_CHECKING:
+    from ftpbc.client import Client
+
+#: how a message command ends when its message fails: the word its one line on stderr starts
+#: with, and the exit code (their --help lists the codes)
+_FAILURES: tuple[tuple[type[FtpbcError], str, int], ...] = (
+    (RequestTimeout, "timeout", 3),
+    (RemoteHandlerError, "error reply", 4),
+    (RequestExpired, "expired", RequestExpired.exit_code),
+    (QueueFull, "queue full", QueueFull.exit_code),
+)
 
 
-def _body_options(f: F) -> F:
+def body_options(f: F) -> F:
+    """The body of a message: ``--data TEXT``, ``--file PATH`` or ``-`` (standard input)."""
     f = click.argument("stdin", required=False, type=click.Choice(["-"]))(f)
     f = click.option("--file", "file", type=click.Path(dir_okay=False),
                      help="Read the body from this file.")(f)
@@ -21,11 +37,34 @@ def _body_options(f: F) -> F:
     return f
 
 
+@contextmanager
+def failures_exit() -> Iterator[None]:
+    """End the command on a failed message: one line on stderr and the exit code of
+    :data:`_FAILURES`; a ValueError (an option the destination cannot carry) is a usage error."""
+    try:
+        yield
+    except tuple(kind for kind, _, _ in _FAILURES) as exc:
+        word, code = next((word, code) for kind, word, code in _FAILURES if isinstance(exc, kind))
+        click.echo(f"ftpbc: {word}: {exc}", err=True)
+        raise SystemExit(code) from None
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def post_one_way(config_path: str, node_id: str | None, post: Callable[[Client], str]) -> None:
+    """``ftpbc send`` and ``ftpbc publish``: ``post`` with a client of the configuration's
+    identity, print what it returns (failures: :func:`failures_exit`)."""
+    from ftpbc.client import Client
+
+    with Client.with_identity(load(config_path), node_id) as client, failures_exit():
+        click.echo(post(client))
+
+
 @click.command()
 @config_option
 @node_id_option
 @click.argument("endpoint")
-@_body_options
+@body_options
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Wait this many seconds for the response (default: the endpoint's timeout).")
 @message_options
@@ -39,33 +78,18 @@ def request(config_path: str, node_id: str | None, endpoint: str, data: str | No
     was full (max_messages, max_bytes): not sent, or filed as a dead letter (on_overflow).
     """
     from ftpbc.client import Client
-    from ftpbc.errors import RemoteHandlerError
 
     body = read_body(data, file, stdin == "-")
     options = options_dict(priority, ttl, properties, correlation_id, message_type)
     # SIGTERM ends the wait like Ctrl-C does, so the request is withdrawn before exiting.
     signal.signal(signal.SIGTERM, _interrupt)
-    with Client.with_identity(load(config_path), node_id) as client:
+    with Client.with_identity(load(config_path), node_id) as client, failures_exit():
         try:
             answer = client.request(endpoint, body, timeout=timeout, **options)
         except KeyboardInterrupt:
             click.echo("ftpbc: interrupted: the request was withdrawn unless a provider had taken it",
                        err=True)
             raise SystemExit(130) from None
-        except RequestTimeout as exc:
-            click.echo(f"ftpbc: timeout: {exc}", err=True)
-            raise SystemExit(3) from None
-        except RemoteHandlerError as exc:
-            click.echo(f"ftpbc: error reply: {exc}", err=True)
-            raise SystemExit(4) from None
-        except RequestExpired as exc:
-            click.echo(f"ftpbc: expired: {exc}", err=True)
-            raise SystemExit(5) from None
-        except QueueFull as exc:
-            click.echo(f"ftpbc: queue full: {exc}", err=True)
-            raise SystemExit(QueueFull.exit_code) from None
-        except ValueError as exc:  # an option the endpoint cannot carry
-            raise click.UsageError(str(exc)) from None
     sys.stdout.buffer.write(answer)
     if sys.stdout.isatty() and not answer.endswith(b"\n"):
         # On a terminal the shell prompt would follow the body on its line; piped or redirected,
@@ -78,7 +102,7 @@ def request(config_path: str, node_id: str | None, endpoint: str, data: str | No
 @config_option
 @node_id_option
 @click.argument("endpoint")
-@_body_options
+@body_options
 @message_options
 def send(config_path: str, node_id: str | None, endpoint: str, data: str | None, file: str | None,
          stdin: str | None, priority: int | None, ttl: float | None, properties: tuple[str, ...],
@@ -89,18 +113,9 @@ def send(config_path: str, node_id: str | None, endpoint: str, data: str | None,
     reject: nothing was sent.  With on_overflow: dead_letter the message is filed in the
     dead letters instead, and the path printed is there.
     """
-    from ftpbc.client import Client
-
     body = read_body(data, file, stdin == "-")
     options = options_dict(priority, ttl, properties, correlation_id, message_type)
-    with Client.with_identity(load(config_path), node_id) as client:
-        try:
-            click.echo(client.send(endpoint, body, **options))
-        except QueueFull as exc:
-            click.echo(f"ftpbc: queue full: {exc}", err=True)
-            raise SystemExit(QueueFull.exit_code) from None
-        except ValueError as exc:  # an option the endpoint cannot carry
-            raise click.UsageError(str(exc)) from None
+    post_one_way(config_path, node_id, lambda client: client.send(endpoint, body, **options))
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -8,16 +8,15 @@ import click
 
 from ftpbc.cli import HelpGroup
 from ftpbc.cli.common import config_option, json_option, load, node_id_option, read_body
-from ftpbc.cli.messaging import _body_options
+from ftpbc.cli.messaging import body_options, post_one_way
 from ftpbc.cli.options import message_options, options_dict
-from ftpbc.errors import QueueFull
 
 
 @click.command()
 @config_option
 @node_id_option
 @click.argument("topic")
-@_body_options
+@body_options
 @message_options
 def publish(config_path: str, node_id: str | None, topic: str, data: str | None, file: str | None,
             stdin: str | None, priority: int | None, ttl: float | None, properties: tuple[str, ...],
@@ -27,18 +26,9 @@ def publish(config_path: str, node_id: str | None, topic: str, data: str | None,
     The copies are made by the nodes that serve the topic (ftpbc serve), in the subscriptions
     that exist when they do and existed when the message was sent.
     """
-    from ftpbc.client import Client
-
     body = read_body(data, file, stdin == "-")
     options = options_dict(priority, ttl, properties, correlation_id, message_type)
-    with Client.with_identity(load(config_path), node_id) as client:
-        try:
-            click.echo(client.publish(topic, body, **options))
-        except QueueFull as exc:
-            click.echo(f"ftpbc: queue full: {exc}", err=True)
-            raise SystemExit(QueueFull.exit_code) from None
-        except ValueError as exc:  # an option the topic cannot carry
-            raise click.UsageError(str(exc)) from None
+    post_one_way(config_path, node_id, lambda client: client.publish(topic, body, **options))
 
 
 @click.group(cls=HelpGroup)

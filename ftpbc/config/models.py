@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ftpbc.config.area import AreaSettings, Prefix, TimeZone, Workers
 from ftpbc.config.routes import RouteConfig, check_routes
 from ftpbc.config.servers import ServerConfig
 from ftpbc.config.topics import SEPARATOR as TOPIC_SEPARATOR
@@ -118,60 +119,29 @@ class NodeConfig(_Frozen):
         return self
 
 
-class EndpointConfig(_Frozen):
-    """A request/response (or one-way) message exchange area on one server."""
+class EndpointConfig(AreaSettings):
+    """A request/response (or one-way) message exchange area on one server (the settings
+    every area has: :class:`~ftpbc.config.area.AreaSettings`)."""
 
-    server: str
-    repository: str
     #: ``module:function``; present means this node serves the endpoint
     handler: str | None = None
     message_name: str = "%u"
-    request_prefix: str = "req."
-    response_prefix: str = "resp."
-    #: one-way messages (``ftpbc send``): served, never answered
-    oneway_prefix: str = "msg."
-    poll_interval: float = Field(default=1.0, gt=0)
-    max_per_poll: int = Field(default=32, ge=1)
-    workers: int = Field(default=5, ge=1, le=256)
-    lock: Literal["file", "none"] = "file"
-    #: how headers and properties are written in file names: ftpbc | dropboxmq (docs/naming.md)
-    naming: Literal["ftpbc", "dropboxmq"] = "ftpbc"
+    request_prefix: Prefix = "req."
+    response_prefix: Prefix = "resp."
     #: move an existing file aside (to in/outprotect, name + stamp) before a new one takes its
     #: name; off by default: ftpbc's names carry a UUID, and the check costs a round trip
     protect: bool = False
-    archive: bool = True
-    #: a message whose read fails this many times goes to the error directory with its reason
-    max_deliveries: int = Field(default=5, ge=1, le=1000)
-    #: seconds a node waits before claiming a returned message again (doubling per delivery)
-    redelivery_delay: float = Field(default=1.0, ge=0)
-    #: how long a request waits for its response, seconds
-    timeout: float = Field(default=30.0, gt=0)
-    #: priority of messages sent without one, 0 (lowest) to 9 (highest)
-    priority: int = Field(default=4, ge=0, le=9)
-    #: seconds a message sent without a ttl stays deliverable; none: it never expires
-    ttl: float | None = Field(default=None, gt=0)
-    #: messages found past their expiration go to inexpired (discard) or indead (dead_letter)
-    expired: Literal["discard", "dead_letter"] = "discard"
-    #: messages that exhausted max_deliveries go to indead (dead letters) instead of inerror
-    dead_letter: bool = False
     #: bounds of the inbox (none: unbounded): a send that finds this many messages waiting, or
     #: whose body would take the waiting bytes past max_bytes, overflows (docs/queues.md)
     max_messages: int | None = Field(default=None, ge=1)
     max_bytes: int | None = Field(default=None, ge=1)
     #: an overflowing send: reject (QueueFull, nothing sent) or dead_letter (filed in indead)
     on_overflow: Literal["reject", "dead_letter"] = "reject"
-    #: time zone of date letters in names (IANA name)
-    timezone: str = "UTC"
-    #: on shutdown, how long in-flight handlers may take before the node gives up on them
-    drain_timeout: float = Field(default=30.0, ge=0)
     #: responses nobody collects within this many seconds are archived and counted
     uncollected_after: float = Field(default=3600.0, gt=0)
     #: what a failed handler's error reply and ``.reason`` say: type (its class and a reference
     #: id; the text is in the node's log), message (the exception's text) or none (empty)
     error_reply: Literal["type", "message", "none"] = "type"
-    #: bodies larger than this are refused at send (when their length is known) and, listed
-    #: larger, filed in the error directory unread; a read stops past the listed size
-    max_message_bytes: int = Field(default=1 << 30, ge=0)
     #: a JMS message selector (docs/queues.md): a serving node claims only the messages it
     #: selects; the others stay in the inbox for other consumers
     selector: str | None = None
@@ -192,22 +162,6 @@ class EndpointConfig(_Frozen):
                 raise ValueError(str(exc)) from None
         return v
 
-    @field_validator("repository")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        from ftpbc.paths import normalize
-
-        if not v.startswith("/"):
-            raise ValueError(f"repository {v!r} must be an absolute path on the server")
-        return normalize(v)
-
-    @field_validator("request_prefix", "response_prefix", "oneway_prefix")
-    @classmethod
-    def _bare(cls, v: str) -> str:
-        if "/" in v or "%" in v or ".." in v:
-            raise ValueError(f"prefix {v!r} must be plain text without '/', '%' or '..'")
-        return v
-
     @field_validator("message_name")
     @classmethod
     def _pattern_syntax(cls, v: str) -> str:
@@ -226,17 +180,6 @@ class EndpointConfig(_Frozen):
     def _handler_form(cls, v: str | None) -> str | None:
         if v is not None and not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", v):
             raise ValueError(f"handler {v!r} must look like 'package.module:function'")
-        return v
-
-    @field_validator("timezone")
-    @classmethod
-    def _tz(cls, v: str) -> str:
-        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-        try:
-            ZoneInfo(v)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"unknown time zone {v!r}") from None
         return v
 
     @model_validator(mode="after")
@@ -321,10 +264,10 @@ class TransferConfig(_Frozen):
     redelivery_delay: float = Field(default=1.0, ge=0)
     poll_interval: float = Field(default=1.0, gt=0)
     max_per_poll: int = Field(default=32, ge=1)
-    workers: int = Field(default=2, ge=1, le=256)
+    workers: Workers = 2
     lock: Literal["file", "none"] = "file"
     #: time zone of date letters in names (IANA name)
-    timezone: str = "UTC"
+    timezone: TimeZone = "UTC"
     drain_timeout: float = Field(default=30.0, ge=0)
     #: what a failed handler's ``.reason`` in error_dir says: type, message or none (as for endpoints)
     error_reply: Literal["type", "message", "none"] = "type"
@@ -336,11 +279,6 @@ class TransferConfig(_Frozen):
     @classmethod
     def _handler_form(cls, v: str | None) -> str | None:
         return EndpointConfig._handler_form(v)
-
-    @field_validator("timezone")
-    @classmethod
-    def _tz(cls, v: str) -> str:
-        return EndpointConfig._tz(v)
 
     @field_validator("select_dir", "stage_dir", "error_dir")
     @classmethod

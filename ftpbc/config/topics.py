@@ -20,9 +20,11 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+
+from ftpbc.config.area import AREA_KEYS, AreaSettings, Workers
 
 T = TypeVar("T")
 
@@ -35,11 +37,6 @@ INCOMING = "incoming"
 SUBSCRIPTIONS = "subscriptions"
 FANOUT = "fanout"
 MARKER_SUFFIX = ".subscription"
-
-#: the settings a topic passes on to its incoming area and to every subscription's area
-_SHARED = ("poll_interval", "max_per_poll", "workers", "lock", "naming", "archive", "max_deliveries",
-           "redelivery_delay", "priority", "ttl", "expired", "dead_letter", "timezone", "drain_timeout",
-           "max_message_bytes", "oneway_prefix", "timeout")
 
 
 def check_subscription_name(name: str) -> str:
@@ -76,47 +73,18 @@ class SubscriptionConfig(BaseModel):
         return v
 
 
-class TopicConfig(BaseModel):
+class TopicConfig(AreaSettings):
     """A publish/subscribe topic (docs/topics.md).  Poll settings apply to the fan-out of its
     incoming area by serving nodes; the area settings to the incoming and subscription areas."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
-
-    server: str
-    repository: str
     subscriptions: dict[str, SubscriptionConfig] = Field(default_factory=dict)
     #: ``ftpbc serve`` fans this topic out (false: leave it to other nodes)
     fanout: bool = True
-    oneway_prefix: str = "msg."
-    poll_interval: float = Field(default=1.0, gt=0)
-    max_per_poll: int = Field(default=32, ge=1)
-    workers: int = Field(default=2, ge=1, le=256)
-    lock: Literal["file", "none"] = "file"
-    naming: Literal["ftpbc", "dropboxmq"] = "ftpbc"
-    archive: bool = True
-    max_deliveries: int = Field(default=5, ge=1, le=1000)
-    redelivery_delay: float = Field(default=1.0, ge=0)
-    priority: int = Field(default=4, ge=0, le=9)
-    ttl: float | None = Field(default=None, gt=0)
-    expired: Literal["discard", "dead_letter"] = "discard"
-    dead_letter: bool = False
-    timezone: str = "UTC"
-    drain_timeout: float = Field(default=30.0, ge=0)
-    max_message_bytes: int = Field(default=1 << 30, ge=0)
-    timeout: float = Field(default=30.0, gt=0)
+    workers: Workers = 2
 
     #: derived endpoint configurations, by key (see :meth:`derived`)
     _derived: dict[str, Any] = PrivateAttr(default_factory=dict)
     _derived_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-
-    @field_validator("repository")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        from ftpbc.paths import normalize
-
-        if not v.startswith("/"):
-            raise ValueError(f"repository {v!r} must be an absolute path on the server")
-        return normalize(v)
 
     @field_validator("subscriptions")
     @classmethod
@@ -127,7 +95,7 @@ class TopicConfig(BaseModel):
 
     def area_settings(self) -> dict[str, Any]:
         """The settings the topic's areas take as endpoints (server and repository aside)."""
-        return {k: getattr(self, k) for k in _SHARED}
+        return {k: getattr(self, k) for k in AREA_KEYS}
 
     @property
     def incoming_dir(self) -> str:

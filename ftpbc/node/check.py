@@ -108,6 +108,11 @@ class DirCheck:
     def ok(self) -> bool:
         return self.error is None
 
+    def status(self) -> str:
+        if self.error is not None:
+            return "FAILED"
+        return "ok (created)" if self.created else "ok"
+
 
 @dataclass
 class HandlerCheck:
@@ -206,22 +211,10 @@ class ServerCheck:
 
 
 @dataclass
-class LocalDirCheck:
-    """``state_dir`` or ``journal_dir``: created now, and what failed in it."""
+class LocalDirCheck(DirCheck):
+    """``state_dir`` or ``journal_dir`` (``key``): created now, and what failed in it."""
 
-    key: str
-    path: str
-    created: bool = False
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def status(self) -> str:
-        if self.error is not None:
-            return "FAILED"
-        return "ok (created)" if self.created else "ok"
+    key: str = field(kw_only=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok, "status": self.status()}
@@ -529,7 +522,7 @@ def check_server(config: Config, server_name: str, timeout: float) -> tuple[Serv
 
 def check_local_dir(key: str, path: Path) -> LocalDirCheck:
     """Create ``path`` (0700) if missing, as a node would; create, rename and delete a file in it."""
-    result = LocalDirCheck(key, str(path))
+    result = LocalDirCheck(str(path), key=key)
     step = "create the directory"
     try:
         if not path.is_dir():

@@ -11,6 +11,11 @@ failed delivery attempt (DestinationsFull) and tries again after the retry polic
 Every delivery attempt is made under one retry policy (:func:`retry_policy`): ``max_retry``
 retries of a transport error, waiting ``retry_delay`` doubling (capped at 30 s) between them.
 
+A destination endpoint with a bounded inbox (``max_messages``, ``max_bytes``: docs/queues.md)
+is counted before each attempt, as a sender counts it (:class:`~ftpbc.exchange.capacity.Capacity`:
+one listing, plus what this destination's threads admitted and have not exposed yet); a full
+one fails the attempt (InboxFull), which is retried like any other.
+
 Thread-safe.  Guaranteed: a worker is never retired while a message is in flight to it (taking
 a worker and counting the message happen under one lock).  Not guaranteed: connection counts;
 a server may close idle connections earlier on its own.
@@ -23,13 +28,15 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tenacity import Retrying, before_sleep_log, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from ftpbc.config.servers import ServerConfig
-from ftpbc.errors import TransportError
+from ftpbc.errors import QueueFull, TransportError
+from ftpbc.exchange.capacity import Capacity
 from ftpbc.transport import Transport, open_transport
 
 log = logging.getLogger("ftpbc.route")
@@ -41,6 +48,16 @@ MAX_RETRY_WAIT = 30.0
 
 class DestinationsFull(TransportError):
     """``max_destinations`` workers are live and busy: no worker for one more yet."""
+
+
+class InboxFull(TransportError):
+    """A destination endpoint's bounded inbox has no room for the message: ``full`` says what
+    the count found.  A failed attempt like any other (nothing was staged)."""
+
+    def __init__(self, full: QueueFull) -> None:
+        self.full = full
+        super().__init__(f"queue full: endpoint {full.endpoint!r} holds {full.messages} message(s) of "
+                         f"{full.waiting_bytes} bytes, {full.limit} is {full.bound}")
 
 
 def retry_policy(max_retry: int, delay: float, stop: threading.Event) -> Retrying:
@@ -71,6 +88,8 @@ class Destination:
     max_idle: float
     #: set up once per worker (directories made), with its transport
     prepare: Callable[[Transport], None]
+    #: the count of a bounded destination inbox, made with the worker's transport (None: unbounded)
+    bound: Callable[[Transport], Capacity] | None = None
     delivered: int = 0
     failed: int = 0
     in_flight: int = 0
@@ -82,9 +101,26 @@ class Destination:
         if cfg.pool_size != self.capacity:
             cfg = cfg.model_copy(update={"pool_size": self.capacity})
         self.transport = open_transport(cfg)
+        self.room = self.bound(self.transport) if self.bound is not None else None
         self.executor = ThreadPoolExecutor(self.capacity, thread_name_prefix=f"route-{self.key[:24]}")
         self._prepared = False
         self._lock = threading.Lock()
+
+    def admit(self, name: str, size: int, held: ExitStack) -> None:
+        """Count the bounded inbox for message ``name`` of ``size`` bytes (nothing to count when
+        unbounded): InboxFull when it has no room, whatever the endpoint's ``on_overflow`` (the
+        route decides what an overflow becomes).  Once admitted, the message counts as on its
+        way here until ``held`` closes (after it is exposed, or given up)."""
+        if self.room is None:
+            return
+        with ExitStack() as attempt:
+            try:
+                full = attempt.enter_context(self.room.admit(name, size))
+            except QueueFull as exc:  # on_overflow: reject
+                raise InboxFull(exc) from None
+            if full is not None:  # on_overflow: dead_letter
+                raise InboxFull(full)
+            held.push(attempt.pop_all())
 
     def run(self, job: Callable[[Transport], T]) -> T:
         """Run ``job`` with this destination's transport on one of its threads; wait for it."""

@@ -18,6 +18,9 @@ Where a message goes:
   server), a request (a route carries one-way messages: no reply could come), or a delivery
   that still fails after ``max_retry`` retries: ``failure``, its reason in ``<name>.reason``
   beside it (a directory) or in its ``route_failure`` property (an endpoint or topic);
+* a destination endpoint whose bounded inbox stays full through the retries: as a sender's
+  overflow, by that endpoint's ``on_overflow``: ``reject``, to ``failure`` (reason ``queue
+  full: ...``); ``dead_letter``, filed in its dead letters with the reason beside it;
 * an outlink not configured, or one that fails too: the source's error directory with the
   reason (after ``max_deliveries`` attempts for a failing outlink).
 
@@ -35,6 +38,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,10 +52,12 @@ from ftpbc.config.servers import ServerConfig
 from ftpbc.errors import ConfigError, MessageTooLarge, NotFound, TransportError, UnsafeEntry
 from ftpbc.exchange import route
 from ftpbc.exchange.area import archive_name, claim_name
+from ftpbc.exchange.capacity import Capacity
 from ftpbc.exchange.envelope import Envelope, PropertyValue
 from ftpbc.exchange.layout import AreaLayout
 from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Lifecycle
-from ftpbc.node.destinations import Destination, Destinations, retry_policy
+from ftpbc.exchange.policy import QueuePolicy
+from ftpbc.node.destinations import Destination, Destinations, InboxFull, retry_policy
 from ftpbc.node.provider import Poller
 from ftpbc.paths import join
 from ftpbc.routing.rules import Ruleset, first_match, text_of, with_defaults
@@ -86,6 +92,11 @@ class Plan:
     #: routed, nohit or failure
     kind: str
     ruleset: str | None = None
+    #: a destination endpoint's bounded inbox, counted before each attempt (None: unbounded)
+    bound: Callable[[Transport], Capacity] | None = None
+    #: with ``on_overflow: dead_letter``: where a message its inbox had no room for is filed
+    #: instead (the overflow's reason -> the delivery to the endpoint's dead letters)
+    dead_letter: Callable[[str], route.Delivery] | None = None
 
 
 @dataclass
@@ -333,8 +344,9 @@ class Router(Poller):
                 layout.prepare(t)
                 t.mkdir(stage_dir)
 
+            bound, dead_letter = self._bound(layout, name, delivery)
             return Plan(target.uri, delivery, config.servers[layout.config.server], prepare, capacity,
-                        max_idle, max_retry, kind, ruleset.name if ruleset else None)
+                        max_idle, max_retry, kind, ruleset.name if ruleset else None, bound, dead_letter)
         found = match_server(config.servers, target)
         if found is None:
             raise RouteError(f"destination {uri!r} matches no configured server (by scheme, host, port and "
@@ -352,6 +364,30 @@ class Router(Poller):
 
         return Plan(f"{server_name}:{directory}", delivery, server, prepare_dir, capacity, max_idle,
                     max_retry, kind, ruleset.name if ruleset else None)
+
+    def _bound(self, layout: AreaLayout, name: str, delivery: route.Delivery) -> tuple[
+            Callable[[Transport], Capacity] | None, Callable[[str], route.Delivery] | None]:
+        """How a destination endpoint's inbox bound is kept: its count (None: unbounded), and
+        with ``on_overflow: dead_letter`` the delivery of ``name`` to its dead letters."""
+        policy = QueuePolicy.of(layout.config, "in")
+        if not policy.bounded:
+            return None, None
+
+        def bound(t: Transport) -> Capacity:
+            return Capacity(layout, t, policy)
+
+        if policy.on_overflow != "dead_letter":
+            return bound, None
+
+        def dead_letter(reason: str) -> route.Delivery:
+            when = datetime.now(UTC)
+            return dataclasses.replace(
+                delivery, target=layout.filed_path(layout.dead_dir, name, self.node_id, when), protect=None,
+                reason=f"overflow: {reason}; routed by route {self.route_name} and filed by node "
+                       f"{self.node_id} at {when.isoformat(timespec='milliseconds')}, never delivered",
+                label=f"{delivery.label} (dead letters)")
+
+        return bound, dead_letter
 
     def _layout(self, endpoint: str) -> AreaLayout:
         with self._layouts_lock:
@@ -381,25 +417,36 @@ class Router(Poller):
 
     def _deliver(self, claimed: Claimed, plan: Plan, spool: BinaryIO, reason: str | None) -> bool:
         """Journal the decision, stage (retried), and if that fails for good, decide again for
-        ``failure``; then expose and commit.  True once the message is at its place."""
+        ``failure`` (or, for a full inbox whose endpoint says so, its dead letters); then expose
+        and commit.  True once the message is at its place."""
+        with ExitStack() as admitted:  # a bounded inbox counts the message until it is exposed
+            return self._deliver_admitted(claimed, plan, spool, admitted)
+
+    def _deliver_admitted(self, claimed: Claimed, plan: Plan, spool: BinaryIO, admitted: ExitStack) -> bool:
         lc = self.lifecycle
         commit = lc.layout.commit(claimed.candidate, self.node_id, lc.clock(), error=False)
         fields = route.decide(lc, claimed, plan.delivery, commit)
-        dest, error = self._stage(claimed, plan, spool)
+        dest, error = self._stage(claimed, plan, spool, admitted)
         if dest is None and not self._stop.is_set() and plan.kind != "failure":
-            reason = f"delivery to {plan.delivery.label} failed after {plan.max_retry} retries: {error}"
+            why = _why(error)
+            reason = f"delivery to {plan.delivery.label} failed after {plan.max_retry} retries: {why}"
             log.warning("%s: %s: %s", self.name, claimed.name, reason)
-            fallback = self._outlink("failure", claimed, reason)
+            if isinstance(error, InboxFull) and plan.dead_letter is not None:
+                filed = plan.dead_letter(f"{why} (after {plan.max_retry} retries)")
+                fallback: Plan | None = dataclasses.replace(plan, delivery=filed, kind="failure", bound=None,
+                                                            dead_letter=None)
+            else:
+                fallback = self._outlink("failure", claimed, reason)
             if fallback is None:
                 self._file(claimed, reason)
                 return False
             plan = fallback
             fields = route.decide(lc, claimed, plan.delivery, commit)
-            dest, error = self._stage(claimed, plan, spool)
+            dest, error = self._stage(claimed, plan, spool, admitted)
         if dest is None:
             # Nothing exposed: back to the inbox (a stopping node: unchanged; otherwise with its
             # delivery count raised, so a message no outlink takes ends in the error directory).
-            why = f"delivery to {plan.delivery.label} failed: {error}"
+            why = f"delivery to {plan.delivery.label} failed: {_why(error)}"
             what = self._retry(lambda: route.roll_back(lc, claimed, None, None, why,
                                                        count=not self._stop.is_set()))
             log.warning("%s: %s: %s; %s", self.name, claimed.name, why, what)
@@ -414,20 +461,31 @@ class Router(Poller):
         self.route_stats.add({"routed": "routed", "nohit": "nohit"}.get(plan.kind, "failed"))
         return True
 
-    def _stage(self, claimed: Claimed, plan: Plan, spool: BinaryIO) -> tuple[Destination | None, str]:
+    def _stage(self, claimed: Claimed, plan: Plan, spool: BinaryIO,
+               admitted: ExitStack) -> tuple[Destination | None, TransportError | None]:
         """Stage at the plan's destination under the retry policy: (its worker, still counted
-        in flight, once staged; None and why after the last retry)."""
+        in flight, once staged; None and the last error after the last retry).  A bounded
+        destination inbox is counted first, each attempt; the message admitted stays counted
+        until ``admitted`` closes."""
         lc = self.lifecycle
+        name = plan.delivery.target.rsplit("/", 1)[-1]
+        size = spool.seek(0, os.SEEK_END)
 
         def make() -> Destination:
-            return Destination(plan.key, plan.server, plan.capacity, plan.max_idle, plan.prepare)
+            return Destination(plan.key, plan.server, plan.capacity, plan.max_idle, plan.prepare, plan.bound)
 
         def attempt() -> Destination:
             dest = self.destinations.acquire(plan.key, make)
             try:
                 def put(t: Transport) -> None:
-                    spool.seek(0)
-                    route.stage(lc, claimed.op_id, t, plan.delivery, spool)
+                    # Counted until the block ends if the stage fails (a retry counts it anew),
+                    # else until ``admitted`` closes.
+                    with ExitStack() as counted:
+                        if plan.bound is not None:
+                            dest.admit(name, size, counted)
+                        spool.seek(0)
+                        route.stage(lc, claimed.op_id, t, plan.delivery, spool)
+                        admitted.push(counted.pop_all())
                 dest.run(put)
             except BaseException:
                 self.destinations.release(dest, delivered=False)
@@ -435,9 +493,9 @@ class Router(Poller):
             return dest
 
         try:
-            return retry_policy(plan.max_retry, self.route.retry_delay, self._stop)(attempt), ""
+            return retry_policy(plan.max_retry, self.route.retry_delay, self._stop)(attempt), None
         except TransportError as exc:
-            return None, f"{type(exc).__name__}: {exc}"
+            return None, exc
 
     # ------------------------------------------------------------------ status
 
@@ -459,6 +517,13 @@ class Router(Poller):
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(self.status(), sort_keys=True), encoding="utf-8")
         os.replace(tmp, path)
+
+
+def _why(error: TransportError | None) -> str:
+    """A failed delivery's last error, for its reason: a full inbox says so as it is."""
+    if error is None or isinstance(error, InboxFull):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
 
 
 def _lookup(env: Envelope) -> Lookup:
