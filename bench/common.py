@@ -269,6 +269,102 @@ class Children:
         self.close(timeout=0.5 if exc[0] is not None else 20.0)
 
 
+class NodeLink:
+    """What a serving node in a child process shares with the parent that runs it (:class:`Nodes`).
+
+    The node calls :meth:`ready` once set up (it returns when the parent says go), :meth:`handled`
+    per message, and :meth:`report` once :attr:`stop` is set.  Made in the parent before it forks.
+    """
+
+    def __init__(self) -> None:
+        #: messages the group has handled; nodes set up; the parent's start and stop signals
+        self.counter, self.set_up = MP.Value("q", 0), MP.Value("q", 0)
+        self.go, self.stop = MP.Event(), MP.Event()
+        #: one report per node, put by :meth:`report`
+        self.reports: Any = MP.Queue()
+
+    def ready(self) -> float:
+        """Count this node as set up, wait until told to go; the node's CPU seconds at that moment."""
+        with self.set_up.get_lock():
+            self.set_up.value += 1
+        self.go.wait()
+        return cpu_seconds()
+
+    def handled(self) -> None:
+        with self.counter.get_lock():
+            self.counter.value += 1
+
+    def report(self, cpu_at_go: float, stats: dict[str, Any]) -> None:
+        """Send ``stats`` plus this node's peak RSS, CPU seconds since go and the messages every
+        node of the group handled (``rss_mib``, ``cpu_s``, ``handled``) to the parent."""
+        self.reports.put({**stats, "rss_mib": peak_rss_mib(), "cpu_s": cpu_seconds() - cpu_at_go,
+                          "handled": self.counter.value})
+
+
+class Nodes:
+    """``count`` serving nodes in child processes, started together by :meth:`go`.
+
+    ``main(node_id, link)`` is one node (ids ``<prefix>-0``, ``<prefix>-1`` ...): it works as
+    :class:`NodeLink` says.  :meth:`finish` stops them all and returns each one's report.
+    """
+
+    def __init__(self, count: int, main: Callable[[str, NodeLink], None], prefix: str = "node") -> None:
+        self.link = NodeLink()
+        self.children = Children()
+        self.count = count
+        for i in range(count):
+            self.children.start(main, f"{prefix}-{i}", self.link)
+
+    def go(self) -> float:
+        """Start every node at once, once all are set up; the moment they were told to start."""
+        wait_for(lambda: self.link.set_up.value >= self.count, 60, "nodes to be set up")
+        self.link.go.set()
+        return time.perf_counter()
+
+    def finish(self) -> list[dict[str, Any]]:
+        self.link.stop.set()
+        stats = [self.link.reports.get(timeout=60) for _ in range(self.count)]
+        self.children.close()
+        return stats
+
+    @property
+    def handled(self) -> int:
+        return int(self.link.counter.value)
+
+
+def consume_figures(count: int, elapsed: float, stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """The consume case's figures, the same on both sides: ``count`` messages in ``elapsed``
+    seconds by nodes that reported ``stats``."""
+    return {"rate": count / elapsed, "consumed": count, "lost_races": sum(s["lost_races"] for s in stats),
+            "polls": sum(s["polls"] for s in stats), "node_rss_mib": max(s["rss_mib"] for s in stats),
+            "node_cpu_ms_per_msg": per_message_ms(stats, sum(s["handled"] for s in stats))}
+
+
+def receive_large(nodes: Nodes, select_empty: Callable[[], None]) -> tuple[float, list[dict[str, Any]]]:
+    """The large case's timed receive, the same on both sides: after a writeback, ``nodes`` go;
+    returns the seconds until they handled one message and ``select_empty()`` returned (its claim
+    is archived), and the nodes' reports."""
+    try:
+        settle_disk()
+        began = nodes.go()
+        wait_for(lambda: nodes.handled >= 1, 600, "the large message", interval=0.01)
+        select_empty()
+        recv_s = time.perf_counter() - began
+    finally:
+        stats = nodes.finish()
+    return recv_s, stats
+
+
+def large_figures(size: int, send_s: float, recv_s: float, send_rss: float,
+                  stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """The large case's figures, the same on both sides: one ``size``-byte message sent in
+    ``send_s`` (the sender's peak RSS ``send_rss``) and received in ``recv_s`` by a node that
+    reported ``stats``."""
+    mb = size / 1e6
+    return {"send_mb_s": mb / send_s, "recv_mb_s": mb / recv_s, "send_rss_mib": send_rss,
+            "recv_rss_mib": stats[0]["rss_mib"]}
+
+
 def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.005) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

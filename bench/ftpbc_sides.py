@@ -8,6 +8,7 @@ function here with bare ftplib/paramiko and the same concurrency.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import statistics
@@ -19,20 +20,23 @@ from typing import Any
 
 from common import (
     TOPIC,
-    Children,
+    NodeLink,
+    Nodes,
     config,
+    consume_figures,
     consumed,
-    cpu_seconds,
     fanned_out,
     fill_inbox,
     fill_linked,
     fill_names,
+    large_figures,
     measure,
     peak_rss_mib,
     per_message_ms,
     percentile,
     prepare_area,
     prepare_topic,
+    receive_large,
     settle_disk,
     subscription_names,
     topic_dirs,
@@ -51,11 +55,10 @@ def _endpoint(spec: dict[str, Any], **extra: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- serving nodes
 
 
-def _node_main(spec: dict[str, Any], node_id: str, endpoints: dict[str, Any], mode: str,
-               counter: Any, ready: Any, go: Any, stop: Any, out: Any,
-               topics: dict[str, Any] | None = None) -> None:
-    """One serving node: start on ``go``, count handled messages, report stats on ``stop``;
-    it also fans out ``topics`` (name -> ``topics:`` settings)."""
+def _node_main(spec: dict[str, Any], endpoints: dict[str, Any], mode: str, topics: dict[str, Any] | None,
+               node_id: str, link: NodeLink) -> None:
+    """One serving node: start on go, count handled messages, report stats on stop; it also fans
+    out ``topics`` (name -> ``topics:`` settings)."""
     import logging
 
     from ftpbc.node.serve import Node
@@ -64,58 +67,27 @@ def _node_main(spec: dict[str, Any], node_id: str, endpoints: dict[str, Any], mo
 
     def handle(message: Any) -> bytes | None:
         body = message.body if mode == "echo" else None
-        with counter.get_lock():
-            counter.value += 1
+        link.handled()
         return body
 
     cfg = config(spec["target"], spec["workdir"], node_id, endpoints,
                  durable=spec["params"].get("durable", True),
                  coordination=spec["params"].get("coordination", "state_dir"), topics=topics)
     node = Node(cfg, handlers={name: handle for name in endpoints})
-    with ready.get_lock():
-        ready.value += 1
-    go.wait()
-    cpu_at_go = cpu_seconds()
+    cpu_at_go = link.ready()
     node.start()
-    stop.wait()
+    link.stop.wait()
     node.stop(drain_timeout=5)
-    stats = {"lost_races": sum(p.stats.lost_races for p in node.providers.values()),
-             "polls": sum(p.stats.polls for p in node.providers.values()),
-             "copies": sum(getattr(p, "copies", 0) for p in node.providers.values()),
-             "rss_mib": peak_rss_mib(), "cpu_s": cpu_seconds() - cpu_at_go, "handled": counter.value}
-    out.put(stats)
+    link.report(cpu_at_go, {"lost_races": sum(p.stats.lost_races for p in node.providers.values()),
+                            "polls": sum(p.stats.polls for p in node.providers.values()),
+                            "copies": sum(getattr(p, "copies", 0) for p in node.providers.values())})
 
 
-class Nodes:
-    """``count`` serving nodes in child processes, started together by :meth:`go`."""
-
-    def __init__(self, spec: dict[str, Any], count: int, endpoints: dict[str, Any], mode: str,
-                 topics: dict[str, Any] | None = None) -> None:
-        from common import MP
-
-        self.counter, self._ready = MP.Value("q", 0), MP.Value("q", 0)
-        self._go, self._stop, self._out = MP.Event(), MP.Event(), MP.Queue()
-        self.children = Children()
-        self.count = count
-        for i in range(count):
-            self.children.start(_node_main, spec, f"node-{i}", endpoints, mode, self.counter,
-                                self._ready, self._go, self._stop, self._out, topics)
-
-    def go(self) -> float:
-        """Start every node at once, once all are set up; the moment they were told to start."""
-        wait_for(lambda: self._ready.value >= self.count, 60, "nodes to be set up")
-        self._go.set()
-        return time.perf_counter()
-
-    def finish(self) -> list[dict[str, Any]]:
-        self._stop.set()
-        stats = [self._out.get(timeout=60) for _ in range(self.count)]
-        self.children.close()
-        return stats
-
-    @property
-    def handled(self) -> int:
-        return int(self.counter.value)
+def _nodes(spec: dict[str, Any], count: int, endpoints: dict[str, Any], mode: str,
+           topics: dict[str, Any] | None = None) -> Nodes:
+    """``count`` serving nodes of ``endpoints`` (and ``topics``), handlers per ``mode``: ``echo``
+    answers a request with its body, ``noop`` with nothing."""
+    return Nodes(count, functools.partial(_node_main, spec, endpoints, mode, topics))
 
 
 def _wait_empty(spec: dict[str, Any], kind: str, timeout: float = 60) -> None:
@@ -154,15 +126,13 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
         fill_linked(spec["target"], p["backlog"], p["size"])
     else:
         fill_inbox(spec["target"], p["backlog"], p["size"], suffix=_priorities(p))
-    nodes = Nodes(spec, p.get("nodes", 1), _endpoint(spec), "noop")
+    nodes = _nodes(spec, p.get("nodes", 1), _endpoint(spec), "noop")
     try:
         began = nodes.go()
         count, elapsed = consumed(lambda: nodes.handled, began, p, lambda: _wait_empty(spec, "select"))
     finally:
         stats = nodes.finish()
-    return {"rate": count / elapsed, "consumed": count, "lost_races": sum(s["lost_races"] for s in stats),
-            "polls": sum(s["polls"] for s in stats), "node_rss_mib": max(s["rss_mib"] for s in stats),
-            "node_cpu_ms_per_msg": per_message_ms(stats, sum(s["handled"] for s in stats))}
+    return consume_figures(count, elapsed, stats)
 
 
 def _priorities(p: dict[str, Any]) -> Callable[[], str]:
@@ -210,7 +180,7 @@ def reqresp(spec: dict[str, Any]) -> dict[str, Any]:
     p = spec["params"]
     prepare_area(spec["target"])
     eps = _endpoint(spec)
-    nodes = Nodes(spec, p["nodes"], eps, "echo")
+    nodes = _nodes(spec, p["nodes"], eps, "echo")
     body = os.urandom(p.get("size", 1024))
     latencies: list[float] = []
     done = [0]
@@ -307,18 +277,9 @@ def large(spec: dict[str, Any]) -> dict[str, Any]:
             client.send(EP, fh)
         send_s = time.perf_counter() - began
     send_rss = peak_rss_mib()
-    nodes = Nodes(spec, 1, _endpoint(spec), "noop")
-    try:
-        settle_disk()
-        began = nodes.go()
-        wait_for(lambda: nodes.handled >= 1, 600, "the large message", interval=0.01)
-        _wait_empty(spec, "select")
-        recv_s = time.perf_counter() - began
-    finally:
-        stats = nodes.finish()
-    mb = p["size"] / 1e6
-    return {"send_mb_s": mb / send_s, "recv_mb_s": mb / recv_s, "send_rss_mib": send_rss,
-            "recv_rss_mib": stats[0]["rss_mib"]}
+    nodes = _nodes(spec, 1, _endpoint(spec), "noop")
+    recv_s, stats = receive_large(nodes, lambda: _wait_empty(spec, "select"))
+    return large_figures(p["size"], send_s, recv_s, send_rss, stats)
 
 
 def fanout(spec: dict[str, Any]) -> dict[str, Any]:
@@ -339,7 +300,7 @@ def fanout(spec: dict[str, Any]) -> dict[str, Any]:
         # was made), written on the server's disk: a backlog made in a moment, untimed.
         names = [client.runtime.new_message(TOPIC, "oneway")[0] for _ in range(p["backlog"])]
     fill_names(target, topic_dirs(subs)["incoming/box"], names, p["size"])
-    nodes = Nodes(spec, 1, {}, "noop", topics=topics)
+    nodes = _nodes(spec, 1, {}, "noop", topics=topics)
     try:
         began = nodes.go()
         elapsed = fanned_out(target, subs, p["backlog"], began)
@@ -363,7 +324,7 @@ def local_oneway(spec: dict[str, Any]) -> dict[str, Any]:
         for _ in range(p["count"]):
             client.send(EP, body)
         send_s = time.perf_counter() - began
-    nodes = Nodes(spec, 1, eps, "noop")
+    nodes = _nodes(spec, 1, eps, "noop")
     try:
         began = nodes.go()
         wait_for(lambda: nodes.handled >= p["count"] + 1, 600, "messages", interval=0.002)

@@ -690,6 +690,32 @@ class ChaosResult:
                 "submit_errors": self.ledger.submit_errors, "rolled_back": len(self.ledger.rolled_back),
                 "collect_retries": self.ledger.collect_retries, **self.verdict.summary()}
 
+    def assert_held(self, cluster: Cluster, requests: int, label: str) -> str:
+        """Fail the test unless a :func:`run_chaos` of ``requests`` requests with every nemesis
+        (kills, one server restart, one connection cut, one bad entry, the flaky poll lock) kept
+        every guarantee: nothing lost, answered twice or unexpected, no recorded handler run
+        again, every stage, box, select and journal empty.  Prints the report (``label``);
+        returns the nodes' logs, for more checks."""
+        report = self.report()
+        print(f"{label}: {report}")
+        v = self.verdict
+        assert self.nemesis.kills >= 5 and self.nemesis.server_restarts == 1
+        assert self.nemesis.connection_cuts == 1
+        assert self.nemesis.bad_entries == 1  # a listing line / name that cannot be used, skipped
+        logs = "".join(p.read_text(errors="replace") for p in cluster.workdir.glob("node-*.log"))
+        assert "injected by FTPBC_FAIL" in logs  # the flaky poll lock failed, and was ridden out
+        assert v.requests >= requests
+        assert v.lost == [], f"lost: {v.lost[:5]} ({report}) evidence: {self.evidence}"
+        assert v.answered_twice == [], f"answered twice: {v.answered_twice[:5]} evidence: {self.evidence}"
+        assert v.unexpected == [], f"unexpected: {v.unexpected[:5]} evidence: {self.evidence}"
+        assert v.rolled_back_present == []
+        assert v.recorded_twice == [], "a handler ran again after its result was recorded"
+        assert v.leftovers == {}, v.leftovers
+        assert v.pending == {}, v.pending
+        assert v.journal_files_nonempty == []
+        assert v.answered + v.indeterminate_absent == v.requests
+        return logs
+
 
 def run_chaos(cluster: Cluster, *, requests: int, nodes: int = 3, clients: int = 8,
               restart_server: Callable[[], object] | None, drop_connections: Callable[[], object] | None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,3 +41,11 @@ def things() -> Iterator[list[Any]]:
     test ends, also when it fails."""
     with Started() as started:
         yield started.things
+
+
+@pytest.fixture
+def loose_umask() -> Iterator[None]:
+    """The usual umask (022), which leaves new files world-readable unless a mode is forced."""
+    old = os.umask(0o022)
+    yield
+    os.umask(old)

@@ -43,7 +43,7 @@ import pytest
 
 from tests.servers.handle import ServerHandle
 from tests.servers.vsftpd import VsftpdProcess, running_vsftpd
-from tests.support import IN_CI, require_binary, wait_until
+from tests.support import IN_CI, require_binary
 
 #: prefix of every namespace and link name: short, as link names are limited to 15 characters
 PREFIX = "fbh"
@@ -213,12 +213,10 @@ def vsftpd_in(host: Host) -> type[VsftpdProcess]:
 
     class NamespacedVsftpd(VsftpdProcess):
         def start(self) -> None:
-            with open(self.log, "ab") as log:
-                self.proc = subprocess.Popen(host.command([self.binary, str(self.config)]),
-                                             stdin=subprocess.DEVNULL, stdout=log, stderr=log)
             # Probed from the root namespace, across the bridge, as the clients connect.
-            wait_until(self._listening, timeout=10,
-                       what=f"vsftpd on {self.address}:{self.port} in {host.netns} ({self.log})")
+            self.launch(host.command([self.binary, str(self.config)]), self.log,
+                        f"vsftpd on {self.address}:{self.port} in {host.netns} ({self.log})",
+                        self._listening, die_with_parent=False)
 
     return NamespacedVsftpd
 
@@ -231,10 +229,7 @@ def vsftpd_on(host: Host, workdir: Path) -> Iterator[ServerHandle]:
         require_binary(tool, f"/usr/sbin/{tool}")
     with running_vsftpd(binary, workdir, label="hosts", process_class=vsftpd_in(host),
                         address=host.address) as v:
-        yield ServerHandle(kind="vsftpd", root=v.root,
-                           url=f"ftp://{v.user}@{host.address}:{v.server.port}/", password=v.password,
-                           controls={"drop_connections": v.server.drop_connections,
-                                     "restart": v.server.restart})
+        yield v.handle("vsftpd", host=host.address)
 
 
 def host_node_config(base: str) -> dict[str, Any]:

@@ -32,21 +32,4 @@ def test_chaos(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Non
     result = run_chaos(cluster, requests=REQUESTS, restart_server=handle.controls["restart"],
                        drop_connections=handle.controls["drop_connections"])
     dump(result, RESULTS / f"chaos-{kind}.json")
-    report = result.report()
-    print(f"chaos {kind}: {report}")
-    v = result.verdict
-    assert result.nemesis.kills >= 5 and result.nemesis.server_restarts == 1
-    assert result.nemesis.connection_cuts == 1
-    assert result.nemesis.bad_entries == 1  # a listing line / name that cannot be used, skipped
-    logs = "".join(p.read_text(errors="replace") for p in cluster.workdir.glob("node-*.log"))
-    assert "injected by FTPBC_FAIL" in logs  # the flaky poll lock failed, and was ridden out
-    assert v.requests >= REQUESTS
-    assert v.lost == [], f"lost: {v.lost[:5]} ({report}) evidence: {result.evidence}"
-    assert v.answered_twice == [], f"answered twice: {v.answered_twice[:5]} evidence: {result.evidence}"
-    assert v.unexpected == [], f"unexpected: {v.unexpected[:5]} evidence: {result.evidence}"
-    assert v.rolled_back_present == []
-    assert v.recorded_twice == [], "a handler ran again after its result was recorded"
-    assert v.leftovers == {}, v.leftovers
-    assert v.pending == {}, v.pending
-    assert v.journal_files_nonempty == []
-    assert v.answered + v.indeterminate_absent == v.requests
+    result.assert_held(cluster, REQUESTS, f"chaos {kind}")

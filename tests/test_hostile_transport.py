@@ -63,14 +63,6 @@ SECRET = b"machine partner login app password hunter2\n"
 # --------------------------------------------------------------------------- journal file modes
 
 
-@pytest.fixture
-def loose_umask() -> Iterator[None]:
-    """The usual umask (022), which leaves new files world-readable unless a mode is forced."""
-    old = os.umask(0o022)
-    yield
-    os.umask(old)
-
-
 def _mode(path: Path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 
@@ -652,15 +644,9 @@ def test_a_linked_repository_directory_holds_a_node_back_until_it_is_removed(
 
 
 @pytest.fixture
-def started() -> Iterator[list[Any]]:
-    """Nodes and clients to stop at the end of a test, whatever happened."""
-    things: list[Any] = []
-    yield things
-    for t in reversed(things):
-        if isinstance(t, Node):
-            t.stop(drain_timeout=2)
-        else:
-            t.close()
+def started(things: list[Any]) -> list[Any]:
+    """Nodes and clients to stop at the end of a test, whatever happened (conftest's ``things``)."""
+    return things
 
 
 def _inbound(tmp_path: Path) -> tuple[Lifecycle, LocalTransport, Journal]:

@@ -45,14 +45,6 @@ from tests.support import free_port, ftpbc_env, popen_ftpbc, wait_until
 SECRET = "hunter2"
 
 
-@pytest.fixture
-def loose_umask() -> Iterator[None]:
-    """The usual umask (022), which leaves new files world-readable unless a mode is forced."""
-    old = os.umask(0o022)
-    yield
-    os.umask(old)
-
-
 def _mode(path: Path) -> int:
     return stat.S_IMODE(os.stat(path, follow_symlinks=False).st_mode)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -60,19 +61,33 @@ def _log(node: NodeProcess) -> str:
     return node.log.read_text(errors="replace")
 
 
-def test_dead_nodes_claim_is_returned_after_the_lease(cluster: Cluster, checker: Client) -> None:
-    uid = checker.submit(ENDPOINT, b"orphan")
+def _submit_then_crash(cluster: Cluster, checker: Client, body: bytes, crash_at: str) -> str:
+    """Submit a request of ``body``; node "dead" takes it and is SIGKILLed at ``crash_at``, never
+    to return.  Returns the request's id."""
+    uid = checker.submit(ENDPOINT, body)
     dead = NodeProcess(cluster, "dead")
-    dead.start(crash_at="claim.after-rename")
+    dead.start(crash_at=crash_at)
     assert dead.wait(30) == -9
-    assert cluster.files("inselect") == [f"req.{uid}~dead"]
-    live = NodeProcess(cluster, "live")
-    live.start()
+    return uid
+
+
+@contextmanager
+def _serving(cluster: Cluster, node_id: str) -> Iterator[NodeProcess]:
+    """A node that serves while the block runs, then must stop cleanly."""
+    node = NodeProcess(cluster, node_id)
+    node.start()
     try:
+        yield node
+    finally:
+        assert node.stop() == 0
+
+
+def test_dead_nodes_claim_is_returned_after_the_lease(cluster: Cluster, checker: Client) -> None:
+    uid = _submit_then_crash(cluster, checker, b"orphan", "claim.after-rename")
+    assert cluster.files("inselect") == [f"req.{uid}~dead"]
+    with _serving(cluster, "live") as live:
         assert checker.collect(ENDPOINT, uid, timeout=30) == b"re:orphan"
         assert "returned req." in _log(live) and "claimed by dead node dead" in _log(live)
-    finally:
-        assert live.stop() == 0
     # A claim returned from a dead node counts as a delivery: the name carries the count.
     [archived] = cluster.files("inarchive")
     assert archived.startswith(f"req.{uid};n=1~live~")
@@ -112,18 +127,11 @@ def test_slow_node_past_the_lease_does_not_answer_twice(cluster: Cluster, checke
 
 
 def test_dead_nodes_committed_response_is_exposed(cluster: Cluster, checker: Client) -> None:
-    uid = checker.submit(ENDPOINT, b"committed")
-    dead = NodeProcess(cluster, "dead")
-    dead.start(crash_at="serve.after-commit")
-    assert dead.wait(30) == -9
+    uid = _submit_then_crash(cluster, checker, b"committed", "serve.after-commit")
     assert cluster.files("outstage") == [f"resp.{uid}~dead"]
-    live = NodeProcess(cluster, "live")
-    live.start()
-    try:
+    with _serving(cluster, "live") as live:
         assert checker.collect(ENDPOINT, uid, timeout=30) == b"re:committed"
         assert f"exposed resp.{uid} staged by dead node dead" in _log(live)
-    finally:
-        assert live.stop() == 0
     inv = read_invocations(cluster.handler_logs())
     assert inv.starts[uid] == 1, "the committed result is delivered, the handler not run again"
     [archived] = cluster.files("inarchive")
@@ -133,9 +141,7 @@ def test_dead_nodes_committed_response_is_exposed(cluster: Cluster, checker: Cli
 
 def test_uncommitted_staged_response_of_a_dead_node_is_removed(cluster: Cluster, checker: Client) -> None:
     uid = checker.submit(ENDPOINT, b"real")
-    live = NodeProcess(cluster, "live")
-    live.start()
-    try:
+    with _serving(cluster, "live") as live:
         assert checker.collect(ENDPOINT, uid, timeout=30) == b"re:real"
         # What a node that lost its claim and died mid-upload leaves: a torn reply, staged under
         # its name, with no claim and no commit of its own (the request was archived by "live").
@@ -143,8 +149,6 @@ def test_uncommitted_staged_response_of_a_dead_node_is_removed(cluster: Cluster,
         torn.write_bytes(b"re:re")
         wait_until(lambda: not torn.exists(), timeout=30, what="the sweeper to deal with the torn reply")
         assert "staged by dead node ghost, which never committed its request" in _log(live)
-    finally:
-        assert live.stop() == 0
     assert cluster.files("outbox") == []
     responses = [n for n in cluster.files("outarchive") if n.startswith(f"resp.{uid}")]
     assert len(responses) == 1 and responses[0].startswith(f"resp.{uid}~checker~")
@@ -156,13 +160,9 @@ def test_uncollected_response_is_archived(pyftpdlib_server: ServerHandle, tmp_pa
     cluster = _cluster(pyftpdlib_server, tmp_path, uncollected_after=1.0)
     with Client(load_client_config(cluster, "forgetful")) as client:
         uid = client.submit(ENDPOINT, b"nobody waits")
-    node = NodeProcess(cluster, "n1")
-    node.start()
-    try:
+    with _serving(cluster, "n1") as node:
         wait_until(lambda: cluster.files("outarchive"), timeout=30, what="the response to be archived")
         wait_until(lambda: "uncollected for" in _log(node), timeout=10, what="the node to log it")
-    finally:
-        assert node.stop() == 0
     [archived] = cluster.files("outarchive")
     assert archived.startswith(f"resp.{uid}~uncollected~")
     assert cluster.files("outbox") == []

@@ -12,6 +12,7 @@ the claim races it loses.
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import tempfile
@@ -24,19 +25,21 @@ from pathlib import Path
 from typing import Any
 
 from common import (
-    MP,
-    Children,
+    NodeLink,
+    Nodes,
+    consume_figures,
     consumed,
-    cpu_seconds,
     fanned_out,
     fill_inbox,
     fill_names,
+    large_figures,
     measure,
     peak_rss_mib,
     per_message_ms,
     percentile,
     prepare_area,
     prepare_topic,
+    receive_large,
     settle_disk,
     subscription_names,
     topic_dirs,
@@ -55,18 +58,14 @@ def _stamp() -> str:
 # --------------------------------------------------------------------------- a bare serving node
 
 
-def _serve(spec: dict[str, Any], node_id: str, box: str, select: str,
-           handle: Callable[[Any, str, str], None], counter: Any, ready: Any, go: Any, stop: Any,
-           out: Any) -> None:
+def _serve(spec: dict[str, Any], node_id: str, link: NodeLink, box: str, select: str,
+           handle: Callable[[Any, str, str], None]) -> None:
     """A bare serving node: one listing thread claims (renames ``box/<name>`` to
     ``select/<name>~<node>``) as many files as it has idle workers, ``workers`` threads each on
-    its own connection run ``handle(conn, name, selected)`` on each claim; at ``stop`` its
-    stats go to ``out``."""
+    its own connection run ``handle(conn, name, selected)`` on each claim; at stop it reports
+    its stats."""
     target, workers = spec["target"], spec["params"].get("workers", 5)
-    with ready.get_lock():
-        ready.value += 1
-    go.wait()
-    cpu_at_go = cpu_seconds()
+    cpu_at_go = link.ready()
     # Connected after the start signal, as ftpbc's pool connects on first use: both sides'
     # timings include their logins.
     lister = connect(target)
@@ -78,14 +77,13 @@ def _serve(spec: dict[str, Any], node_id: str, box: str, select: str,
     def work(conn: Any) -> None:
         while (name := claimed.get()) is not None:
             handle(conn, name, f"{select}/{name}~{node_id}")
-            with counter.get_lock():
-                counter.value += 1
+            link.handled()
             slots.release()
 
     threads = [threading.Thread(target=work, args=(c,), daemon=True) for c in conns]
     for t in threads:
         t.start()
-    while not stop.is_set():
+    while not link.stop.is_set():
         if not slots.acquire(timeout=0.1):
             continue
         free = 1
@@ -109,12 +107,10 @@ def _serve(spec: dict[str, Any], node_id: str, box: str, select: str,
         t.join(10)
     for c in [lister, *conns]:
         c.close()
-    out.put({"lost_races": lost[0], "polls": polls[0], "rss_mib": peak_rss_mib(),
-             "cpu_s": cpu_seconds() - cpu_at_go, "handled": counter.value})
+    link.report(cpu_at_go, {"lost_races": lost[0], "polls": polls[0]})
 
 
-def _node_main(spec: dict[str, Any], node_id: str, mode: str, counter: Any, ready: Any, go: Any,
-               stop: Any, out: Any) -> None:
+def _node_main(spec: dict[str, Any], mode: str, node_id: str, link: NodeLink) -> None:
     """A bare serving node of an endpoint: each claim read (spooled to a file for ``large``),
     then archived; for ``echo``, a request's response staged in outstage, the request
     archived, the response exposed."""
@@ -135,11 +131,10 @@ def _node_main(spec: dict[str, Any], node_id: str, mode: str, counter: Any, read
         else:
             conn.rename(selected, archived)
 
-    _serve(spec, node_id, IN["box"], IN["select"], handle, counter, ready, go, stop, out)
+    _serve(spec, node_id, link, IN["box"], IN["select"], handle)
 
 
-def _fanout_main(spec: dict[str, Any], node_id: str, counter: Any, ready: Any, go: Any, stop: Any,
-                 out: Any) -> None:
+def _fanout_main(spec: dict[str, Any], node_id: str, link: NodeLink) -> None:
     """A bare fan-out node: each claimed message read once, staged in every subscription's
     stage directory, the claim archived, then each copy renamed into its subscription's inbox
     (ftpbc's order, without its journal and records)."""
@@ -154,38 +149,15 @@ def _fanout_main(spec: dict[str, Any], node_id: str, counter: Any, ready: Any, g
         for sub in subs:
             conn.rename(f"{d[f'stage/{sub}']}/{name}~{node_id}", f"{d[f'box/{sub}']}/{name}")
 
-    _serve(spec, node_id, d["incoming/box"], d["incoming/select"], handle, counter, ready, go, stop, out)
+    _serve(spec, node_id, link, d["incoming/box"], d["incoming/select"], handle)
 
 
-class Nodes:
-    def __init__(self, spec: dict[str, Any], count: int, mode: str) -> None:
-        self.counter, self._ready = MP.Value("q", 0), MP.Value("q", 0)
-        self._go, self._stop, self._out = MP.Event(), MP.Event(), MP.Queue()
-        self.children = Children()
-        self.count = count
-        for i in range(count):
-            if mode == "fanout":
-                self.children.start(_fanout_main, spec, f"floor-{i}", self.counter, self._ready, self._go,
-                                    self._stop, self._out)
-                continue
-            self.children.start(_node_main, spec, f"floor-{i}", mode, self.counter, self._ready,
-                                self._go, self._stop, self._out)
-
-    def go(self) -> float:
-        """Start every node at once, once all are forked; the moment they were told to start."""
-        wait_for(lambda: self._ready.value >= self.count, 60, "nodes to be set up")
-        self._go.set()
-        return time.perf_counter()
-
-    def finish(self) -> list[dict[str, Any]]:
-        self._stop.set()
-        stats = [self._out.get(timeout=60) for _ in range(self.count)]
-        self.children.close()
-        return stats
-
-    @property
-    def handled(self) -> int:
-        return int(self.counter.value)
+def _nodes(spec: dict[str, Any], count: int, mode: str) -> Nodes:
+    """``count`` bare nodes: fan-out nodes for ``mode`` ``fanout``, else endpoint nodes
+    (:func:`_node_main`'s modes)."""
+    if mode == "fanout":
+        return Nodes(count, functools.partial(_fanout_main, spec), prefix="floor")
+    return Nodes(count, functools.partial(_node_main, spec, mode), prefix="floor")
 
 
 def _wait_select_empty(spec: dict[str, Any]) -> None:
@@ -222,15 +194,13 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
     p = spec["params"]
     prepare_area(spec["target"])
     fill_inbox(spec["target"], p["backlog"], p["size"])
-    nodes = Nodes(spec, p.get("nodes", 1), "noop")
+    nodes = _nodes(spec, p.get("nodes", 1), "noop")
     try:
         began = nodes.go()
         count, elapsed = consumed(lambda: nodes.handled, began, p, lambda: _wait_select_empty(spec))
     finally:
         stats = nodes.finish()
-    return {"rate": count / elapsed, "consumed": count, "lost_races": sum(s["lost_races"] for s in stats),
-            "polls": sum(s["polls"] for s in stats), "node_rss_mib": max(s["rss_mib"] for s in stats),
-            "node_cpu_ms_per_msg": per_message_ms(stats, sum(s["handled"] for s in stats))}
+    return consume_figures(count, elapsed, stats)
 
 
 class _Responses:
@@ -282,7 +252,7 @@ class _Responses:
 def reqresp(spec: dict[str, Any]) -> dict[str, Any]:
     p = spec["params"]
     prepare_area(spec["target"])
-    nodes = Nodes(spec, p["nodes"], "echo")
+    nodes = _nodes(spec, p["nodes"], "echo")
     body = os.urandom(p.get("size", 1024))
     latencies: list[float] = []
     done = [0]
@@ -382,18 +352,8 @@ def large(spec: dict[str, Any]) -> dict[str, Any]:
     send_s = time.perf_counter() - began
     conn.close()
     send_rss = peak_rss_mib()
-    nodes = Nodes(spec, 1, "large")
-    try:
-        settle_disk()
-        began = nodes.go()
-        wait_for(lambda: nodes.handled >= 1, 600, "the large message", interval=0.01)
-        _wait_select_empty(spec)
-        recv_s = time.perf_counter() - began
-    finally:
-        stats = nodes.finish()
-    mb = p["size"] / 1e6
-    return {"send_mb_s": mb / send_s, "recv_mb_s": mb / recv_s, "send_rss_mib": send_rss,
-            "recv_rss_mib": stats[0]["rss_mib"]}
+    recv_s, stats = receive_large(_nodes(spec, 1, "large"), lambda: _wait_select_empty(spec))
+    return large_figures(p["size"], send_s, recv_s, send_rss, stats)
 
 
 def fanout(spec: dict[str, Any]) -> dict[str, Any]:
@@ -404,7 +364,7 @@ def fanout(spec: dict[str, Any]) -> dict[str, Any]:
     prepare_topic(target, subs)
     fill_names(target, topic_dirs(subs)["incoming/box"], [f"msg.{uuid.uuid4()}" for _ in range(p["backlog"])],
                p["size"])
-    nodes = Nodes(spec, 1, "fanout")
+    nodes = _nodes(spec, 1, "fanout")
     try:
         began = nodes.go()
         elapsed = fanned_out(target, subs, p["backlog"], began)

@@ -54,8 +54,10 @@ import socket
 import ssl
 import struct
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import paramiko
 
@@ -94,6 +96,24 @@ class _Threads:
             self._threads.append(thread)
         thread.start()
 
+    def accept(self, listener: socket.socket, handle: Callable[[socket.socket], None], *,
+               thread_each: bool = True) -> None:
+        """Until stopped or ``listener`` is closed, on a thread of its own: accept each connection,
+        track it and pass it to ``handle``, on a new thread each (``thread_each``) or on that one."""
+        def loop() -> None:
+            while not self.stopped.is_set():
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                self.track(conn)
+                if thread_each:
+                    self.spawn(handle, conn)
+                else:
+                    handle(conn)
+
+        self.spawn(loop)
+
     def stop(self) -> None:
         self.stopped.set()
         with self._lock:
@@ -116,7 +136,28 @@ def _shut(sock: socket.socket) -> None:
     sock.close()
 
 
-class HostileFTPServer:
+class _LoopbackServer:
+    """Listens on a port of its own on 127.0.0.1 (``port``); :meth:`stop`, or leaving the ``with``
+    block, closes every socket and joins every thread of :attr:`_t`."""
+
+    def __init__(self) -> None:
+        self._t = _Threads()
+        self.stopped = self._t.stopped
+        self._listener = self._t.track(socket.create_server(("127.0.0.1", 0)))
+        self.port: int = self._listener.getsockname()[1]
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._t.stop()
+
+
+class HostileFTPServer(_LoopbackServer):
     def __init__(self, behaviour: str, *, interval: float = 0.25,
                  tls: tuple[Path, Path] | None = None, listing: bytes = b"",
                  pasv_host: str | None = None) -> None:
@@ -135,35 +176,15 @@ class HostileFTPServer:
         if tls is not None:
             self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             self._tls.load_cert_chain(*tls)
-        self._t = _Threads()
-        self._listener = self._t.track(socket.create_server(("127.0.0.1", 0)))
-        self.port: int = self._listener.getsockname()[1]
+        super().__init__()
         self.url = f"ftp://tester@127.0.0.1:{self.port}/"
         #: commands received, in order (for assertions)
         self.commands: list[str] = []
         #: retr_flood: bytes of the last RETR that went out before the client closed the connection
         self.flooded = 0
-        self._t.spawn(self._accept)
-
-    def __enter__(self) -> HostileFTPServer:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._t.stop()
+        self._t.accept(self._listener, self._session)
 
     # ------------------------------------------------------------------ serving
-
-    def _accept(self) -> None:
-        while not self._t.stopped.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            self._t.spawn(self._session, self._t.track(conn))
 
     def _trickle(self, sock: socket.socket, data: bytes | None = None) -> None:
         """Send ``data`` (or 'x' for ever) one byte per interval, until stopped."""
@@ -275,18 +296,13 @@ class HostileFTPServer:
                     return listener, port  # nothing to trap, a client following it fails
                 _shut(listener)  # that port is taken on the other address: try another one
                 continue
-            self._t.spawn(self._trap, trap)
+            self._t.accept(trap, self._trapped, thread_each=False)
             return listener, port
         raise OSError(f"no port free on both 127.0.0.1 and {self.pasv_host}")
 
-    def _trap(self, trap: socket.socket) -> None:
-        while not self._t.stopped.is_set():
-            try:
-                conn, _ = trap.accept()
-            except OSError:
-                return
-            self.trapped += 1
-            _shut(conn)
+    def _trapped(self, conn: socket.socket) -> None:
+        self.trapped += 1
+        _shut(conn)
 
     def _flood(self, data: socket.socket) -> int:
         """Send FLOOD_RETR bytes on ``data`` (until the client closes it); return how many went."""
@@ -320,51 +336,33 @@ class HostileFTPServer:
             sent += len(chunk)
 
 
-class RecordingProxy:
+class RecordingProxy(_LoopbackServer):
     """Forwards every connection to ``upstream`` (host, port); records the client's bytes."""
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
-        self._t = _Threads()
-        self._listener = self._t.track(socket.create_server(("127.0.0.1", 0)))
-        self.port: int = self._listener.getsockname()[1]
+        super().__init__()
         self.lock = threading.Lock()
         #: what clients sent, per connection, in order
         self.sent: list[bytearray] = []
-        self._t.spawn(self._accept)
-
-    def __enter__(self) -> RecordingProxy:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._t.stop()
+        self._t.accept(self._listener, self._forward, thread_each=False)
 
     def client_bytes(self) -> bytes:
         with self.lock:
             return b"".join(bytes(b) for b in self.sent)
 
-    def _accept(self) -> None:
-        while not self._t.stopped.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            self._t.track(client)
-            try:
-                server = self._t.track(socket.create_connection(self.upstream, timeout=10))
-            except OSError:
-                _shut(client)
-                continue
-            server.settimeout(None)
-            record = bytearray()
-            with self.lock:
-                self.sent.append(record)
-            self._t.spawn(self._pump, client, server, record)
-            self._t.spawn(self._pump, server, client, None)
+    def _forward(self, client: socket.socket) -> None:
+        try:
+            server = self._t.track(socket.create_connection(self.upstream, timeout=10))
+        except OSError:
+            _shut(client)
+            return
+        server.settimeout(None)
+        record = bytearray()
+        with self.lock:
+            self.sent.append(record)
+        self._t.spawn(self._pump, client, server, record)
+        self._t.spawn(self._pump, server, client, None)
 
     def _pump(self, src: socket.socket, dst: socket.socket, record: bytearray | None) -> None:
         while True:
@@ -425,40 +423,19 @@ class _Interface(paramiko.ServerInterface):
         return name == "sftp"
 
 
-class HostileSFTPServer:
+class HostileSFTPServer(_LoopbackServer):
     def __init__(self, behaviour: str, host_key: paramiko.PKey, *, interval: float = 0.25) -> None:
         if behaviour not in ("subsystem", "version", "read"):
             raise ValueError(f"unknown behaviour {behaviour!r}")
         self.behaviour = behaviour
         self.host_key = host_key
         self.interval = interval
-        self._t = _Threads()
-        self.stopped = self._t.stopped
-        self._listener = self._t.track(socket.create_server(("127.0.0.1", 0)))
-        self.port: int = self._listener.getsockname()[1]
+        super().__init__()
         self.url = f"sftp://tester@127.0.0.1:{self.port}/"
-        self._t.spawn(self._accept)
+        self._t.accept(self._listener, self._session)
 
     def known_hosts_line(self) -> str:
         return f"[127.0.0.1]:{self.port} {self.host_key.get_name()} {self.host_key.get_base64()}\n"
-
-    def __enter__(self) -> HostileSFTPServer:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._t.stop()
-
-    def _accept(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            self._t.spawn(self._session, self._t.track(conn))
 
     def _session(self, conn: socket.socket) -> None:
         t = paramiko.Transport(conn)

@@ -1,16 +1,20 @@
-"""What the real-server fixtures share: probing the listener, dropping sessions, and for the
-servers unpacked beside vsftpd (ProFTPD, pure-ftpd): finding them, password hashes, the temporary
-root and the foreground process."""
+"""What the real-server fixtures share: probing the listener, dropping sessions, the listener's
+controls (:class:`ListeningProcess`), and for the servers unpacked beside vsftpd (ProFTPD,
+pure-ftpd): finding them, password hashes, the temporary root and the foreground process."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 import pwd
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +22,7 @@ import psutil
 import pytest
 
 from tests.servers.handle import ServerHandle
-from tests.support import IN_CI, wait_until
+from tests.support import IN_CI, free_port, wait_until
 
 
 def accepts(proc: subprocess.Popen[bytes], port: int, name: str, log: Path, *,
@@ -61,6 +65,52 @@ def _gone(p: psutil.Process) -> bool:
         return True
 
 
+class ListeningProcess:
+    """A server's listener (``proc``, named ``name``, on ``port``): the controls every real-server
+    fixture gives.
+
+    A subclass's ``start`` runs the listener into ``proc`` and returns once it answers.
+    ``drop_connections`` kills the per-session processes (the listener stays); ``stop`` does
+    that, then SIGTERMs the listener and reaps it (nothing if it already exited); ``restart``
+    is ``stop`` then ``start``.
+    """
+
+    name: str
+    port: int
+    proc: subprocess.Popen[bytes] | None
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def launch(self, argv: list[str], log: Path, what: str, listening: Callable[[], bool], *,
+               die_with_parent: bool) -> None:
+        """Run ``argv`` (stdin empty, stdout and stderr appended to ``log``) as ``proc``, then wait
+        up to 10 s for ``listening()`` (``what`` names it when that times out).
+
+        ``die_with_parent``: SIGTERM it when its parent (this process) dies."""
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                         preexec_fn=_die_with_parent if die_with_parent else None)
+        wait_until(listening, timeout=10, what=what)
+
+    def drop_connections(self) -> None:
+        """Kill every per-session process (the listener's descendants); the listener stays."""
+        assert self.proc is not None
+        kill_sessions(self.proc, self.name)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.drop_connections()
+            terminate(self.proc)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
 # --------------------------------------------------------------------------- unpacked servers
 
 #: where ``.ci/run`` unpacks servers that conflict with vsftpd in Debian (ProFTPD, pure-ftpd):
@@ -83,10 +133,10 @@ def unpacked_binary(name: str, relpath: str, packages: str) -> Path:
     pytest.skip(message)
 
 
-def require_root(name: str) -> None:
-    """Skip (fail under CI) unless this runs as root: the fixture chroots and switches users."""
+def require_root(name: str, why: str = "the server chroots and switches users") -> None:
+    """Skip (fail under CI) unless this runs as root, which the ``name`` fixture needs (``why``)."""
     if os.geteuid() != 0:
-        message = f"the {name} fixture must run as root (the server chroots and switches users)"
+        message = f"the {name} fixture must run as root ({why})"
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)
@@ -135,11 +185,10 @@ def terminate(proc: subprocess.Popen[bytes]) -> None:
 
 
 @dataclass
-class ForegroundServer:
+class ForegroundServer(ListeningProcess):
     """A server daemon run in the foreground: ``argv`` listens on 127.0.0.1:``port``.
 
-    ``start`` waits until the port answers with a greeting; ``stop`` kills the per-session
-    processes first (the listener's descendants), then SIGTERMs the listener and waits for it.
+    ``start`` waits until the port answers with a greeting; the listener dies with this process.
     """
 
     name: str
@@ -149,51 +198,71 @@ class ForegroundServer:
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         preexec_fn=_die_with_parent)
-        wait_until(self._listening, timeout=10,
-                   what=f"{self.name} on 127.0.0.1:{self.port} ({self.log})")
+        self.launch(self.argv, self.log, f"{self.name} on 127.0.0.1:{self.port} ({self.log})",
+                    self._listening, die_with_parent=True)
 
     def _listening(self) -> bool:
         assert self.proc is not None
         return accepts(self.proc, self.port, self.name, self.log, read_banner=True)
 
-    def drop_connections(self) -> None:
-        """Kill every per-session process; the listener stays."""
-        assert self.proc is not None
-        kill_sessions(self.proc, self.name)
 
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.drop_connections()
-            terminate(self.proc)
-        self.proc = None
+@dataclass(frozen=True)
+class VirtualLogin:
+    """The one login of an unpacked server: ``user`` with ``password``, run as ``uid``/``gid``
+    (``nobody``), chrooted into ``root``."""
 
-    def restart(self) -> None:
-        self.stop()
-        self.start()
+    user: str
+    password: str
+    uid: int
+    gid: int
+    root: Path
 
 
 @dataclass
 class ServerInstance:
-    """A running ForegroundServer with its one login user and the directory remote "/" maps to."""
+    """A running FTP server with its one login user and the directory remote "/" maps to."""
 
-    server: ForegroundServer
+    server: ListeningProcess
     user: str
     password: str
     root: Path
 
-    def handle(self, kind: str, *, scheme: str = "ftp",
-               options: dict[str, object] | None = None) -> ServerHandle:
-        """The fixture's ServerHandle, with the controls ``drop_connections`` and ``restart``."""
+    def handle(self, kind: str, *, scheme: str = "ftp", options: dict[str, object] | None = None,
+               host: str = "127.0.0.1") -> ServerHandle:
+        """The fixture's ServerHandle (the server reached at ``host``), with the controls
+        ``drop_connections`` and ``restart``."""
         return ServerHandle(kind=kind, root=self.root,
-                            url=f"{scheme}://{self.user}@127.0.0.1:{self.server.port}/",
+                            url=f"{scheme}://{self.user}@{host}:{self.server.port}/",
                             password=self.password, options=dict(options or {}),
                             controls={"drop_connections": self.server.drop_connections,
                                       "restart": self.server.restart})
+
+
+@contextmanager
+def running_unpacked(name: str, workdir: Path, *, user: str, label: str,
+                     argv: Callable[[VirtualLogin, int], list[str]]) -> Iterator[ServerInstance]:
+    """A ``name`` server in the foreground on a free loopback port, with one virtual ``user``
+    (a new random password, run as ``nobody``) chrooted into a new root.
+
+    ``argv(login, port)`` writes what the server needs for ``login`` into ``workdir`` (made
+    first) and returns the command line that serves on 127.0.0.1:``port``.  Needs root.  The
+    root directory is removed on exit, the server stopped.
+    """
+    uid, gid = nobody()
+    root = private_root(label, uid, gid)
+    server: ForegroundServer | None = None
+    try:
+        login = VirtualLogin(user, secrets.token_urlsafe(12), uid, gid, root)
+        workdir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        server = ForegroundServer(name, argv(login, port), port, workdir / "stderr.log")
+        server.start()
+        yield ServerInstance(server, user, login.password, root)
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
 
 def _die_with_parent() -> None:
     # A pytest killed by a signal skips fixture teardown; the listener then dies with it rather

@@ -29,26 +29,22 @@ Locally a missing binary (or not running as root) skips; under CI=true it fails.
 
 from __future__ import annotations
 
-import secrets
-import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 
 from tests.servers.handle import ServerHandle
 from tests.servers.process import (
-    ForegroundServer,
     ServerInstance,
-    nobody,
-    private_root,
+    VirtualLogin,
     require_root,
+    running_unpacked,
     sha512_crypt,
     unpacked_binary,
 )
 from tests.servers.pyftpd import TLSMaterial
-from tests.support import free_port
 
 USER = "ftpbc"
 PACKAGES = "proftpd-core proftpd-mod-crypto"
@@ -125,38 +121,28 @@ def _config(*, binary: Path, workdir: Path, port: int, passive: tuple[int, int],
     return "\n".join(lines) + "\n"
 
 
-@contextmanager
 def running_proftpd(binary: Path, workdir: Path, *, passive: tuple[int, int],
                     tls: TLSMaterial | None = None, allow_overwrite: bool = True,
-                    max_per_host: int | None = None, label: str = "proftpd") -> Iterator[ServerInstance]:
+                    max_per_host: int | None = None,
+                    label: str = "proftpd") -> AbstractContextManager[ServerInstance]:
     """A ProFTPD on a free loopback port with one virtual user chrooted into a new root.
 
     Needs root.  The root directory is removed on exit, the server stopped.
     """
-    uid, gid = nobody()
-    root = private_root(label, uid, gid)
-    server: ForegroundServer | None = None
-    try:
-        password = secrets.token_urlsafe(12)
-        workdir.mkdir(parents=True, exist_ok=True)
+    def argv(login: VirtualLogin, port: int) -> list[str]:
         passwd = workdir / "passwd"
-        passwd.write_text(f"{USER}:{sha512_crypt(password)}:{uid}:{gid}::{root}:/bin/false\n")
+        passwd.write_text(f"{login.user}:{sha512_crypt(login.password)}:{login.uid}:{login.gid}::"
+                          f"{login.root}:/bin/false\n")
         group = workdir / "group"
-        group.write_text(f"ftpbc:x:{gid}:\n")
+        group.write_text(f"ftpbc:x:{login.gid}:\n")
         for f in (passwd, group):
             f.chmod(0o600)  # it holds a password hash
-        port = free_port()
         config = workdir / "proftpd.conf"
         config.write_text(_config(binary=binary, workdir=workdir, port=port, passive=passive, tls=tls,
                                   allow_overwrite=allow_overwrite, max_per_host=max_per_host))
-        server = ForegroundServer("proftpd", [str(binary), "-n", "-c", str(config)], port,
-                                  workdir / "stderr.log")
-        server.start()
-        yield ServerInstance(server, USER, password, root)
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        return [str(binary), "-n", "-c", str(config)]
+
+    return running_unpacked("proftpd", workdir, user=USER, label=label, argv=argv)
 
 
 @pytest.fixture(scope="session")

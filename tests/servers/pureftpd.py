@@ -27,27 +27,23 @@ Locally a missing binary (or not running as root) skips; under CI=true it fails.
 
 from __future__ import annotations
 
-import secrets
-import shutil
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 
 from tests.servers.handle import ServerHandle
 from tests.servers.process import (
-    ForegroundServer,
     ServerInstance,
-    nobody,
-    private_root,
+    VirtualLogin,
     require_root,
+    running_unpacked,
     sha512_crypt,
     unpacked_binary,
 )
 from tests.servers.pyftpd import TLSMaterial
-from tests.support import free_port
 
 USER = "ftpbc"
 PACKAGES = "pure-ftpd"
@@ -62,29 +58,24 @@ def pureftpd_binary() -> Path:
     return unpacked_binary("pure-ftpd", "usr/sbin/pure-ftpd", PACKAGES)
 
 
-@contextmanager
 def running_pureftpd(binary: Path, workdir: Path, *, passive: tuple[int, int],
                      tls: TLSMaterial | None = None, max_per_ip: int | None = None,
-                     label: str = "pureftpd") -> Iterator[ServerInstance]:
+                     label: str = "pureftpd") -> AbstractContextManager[ServerInstance]:
     """A pure-ftpd on a free loopback port with one virtual user chrooted into a new root.
 
     Needs root.  The root directory is removed on exit, the server stopped.
     """
     pure_pw = binary.parent.parent / "bin" / "pure-pw"
-    uid, gid = nobody()
-    root = private_root(label, uid, gid)
-    server: ForegroundServer | None = None
-    try:
-        password = secrets.token_urlsafe(12)
-        workdir.mkdir(parents=True, exist_ok=True)
+
+    def argv(login: VirtualLogin, port: int) -> list[str]:
         passwd, pdb = workdir / "pureftpd.passwd", workdir / "pureftpd.pdb"
         # account:hash:uid:gid:gecos:home, then 12 empty limits (quotas, ratios, addresses...).
-        passwd.write_text(f"{USER}:{sha512_crypt(password)}:{uid}:{gid}::{root}/./" + ":" * 12 + "\n")
+        passwd.write_text(f"{login.user}:{sha512_crypt(login.password)}:{login.uid}:{login.gid}::"
+                          f"{login.root}/./" + ":" * 12 + "\n")
         passwd.chmod(0o600)
         subprocess.run([str(pure_pw), "mkdb", str(pdb), "-f", str(passwd)], check=True,
                        capture_output=True)
-        port = free_port()
-        argv = [str(binary),
+        args = [str(binary),
                 "-S", f"127.0.0.1,{port}", "-4", "-H",
                 "-l", f"puredb:{pdb}",
                 "-E",                        # no anonymous logins
@@ -96,18 +87,14 @@ def running_pureftpd(binary: Path, workdir: Path, *, passive: tuple[int, int],
                 "-I", "15",                  # idle minutes
                 "-g", str(workdir / "pure-ftpd.pid")]
         if max_per_ip is not None:
-            argv += ["-C", str(max_per_ip)]
+            args += ["-C", str(max_per_ip)]
         if tls is None:
-            argv += ["-Y", "0"]
+            args += ["-Y", "0"]
         else:
-            argv += ["-Y", "3", "-2", f"{tls.cert_file},{tls.key_file}"]
-        server = ForegroundServer("pure-ftpd", argv, port, workdir / "stderr.log")
-        server.start()
-        yield ServerInstance(server, USER, password, root)
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+            args += ["-Y", "3", "-2", f"{tls.cert_file},{tls.key_file}"]
+        return args
+
+    return running_unpacked("pure-ftpd", workdir, user=USER, label=label, argv=argv)
 
 
 @pytest.fixture(scope="session")

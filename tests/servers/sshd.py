@@ -18,7 +18,6 @@ changed.  The user and its directory are removed at teardown.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import pwd
 import secrets
@@ -33,8 +32,8 @@ import psutil
 import pytest
 
 from tests.servers.handle import ServerHandle
-from tests.servers.process import accepts, kill_sessions, terminate
-from tests.support import IN_CI, free_port, require_binary, wait_until
+from tests.servers.process import ListeningProcess, accepts, require_root
+from tests.support import free_port, require_binary
 
 #: one user per pytest process: a second test run on the same machine (a developer's beside
 #: CI's, or two at once) must never delete or re-password the user this run logs in as (one run
@@ -54,15 +53,16 @@ def _remove_users_of_dead_runs() -> None:
         if pid.isdigit() and not psutil.pid_exists(int(pid)):
             subprocess.run(["userdel", name], check=False, capture_output=True)
 
-PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
 #: client key types generated for the key-authentication tests
 CLIENT_KEY_TYPES = ("ed25519", "rsa", "ecdsa")
 
 
 @dataclass
-class SshdProcess:
-    """The running listener, its files and the means to stop or restart it."""
+class SshdProcess(ListeningProcess):
+    """The running listener, its files and the means to stop or restart it.
+
+    The listener dies with the process that started it (a pytest killed by a signal skips
+    fixture teardown; without that it would hold its port and temp directory)."""
 
     binary: str
     workdir: Path
@@ -71,22 +71,15 @@ class SshdProcess:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
     client_keys: dict[str, Path] = field(default_factory=dict)
+    name: str = field(default="sshd", init=False)
 
     def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([self.binary, "-D", "-e", "-f", str(self.config)],
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         preexec_fn=_die_with_parent)
-        wait_until(self._listening, timeout=10, what=f"sshd on 127.0.0.1:{self.port} ({self.log})")
+        self.launch([self.binary, "-D", "-e", "-f", str(self.config)], self.log,
+                    f"sshd on 127.0.0.1:{self.port} ({self.log})", self._listening, die_with_parent=True)
 
     def _listening(self) -> bool:
         assert self.proc is not None
         return accepts(self.proc, self.port, "sshd", self.log)
-
-    def drop_connections(self) -> None:
-        """Kill every per-connection sshd (forked children of the listener); keep the listener."""
-        assert self.proc is not None
-        kill_sessions(self.proc, "sshd")
 
     def pause_connections(self) -> None:
         """SIGSTOP the per-connection processes: requests are accepted by TCP, never answered."""
@@ -104,24 +97,9 @@ class SshdProcess:
                 pass
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.resume_connections()
-            self.drop_connections()
-            terminate(self.proc)
-        self.proc = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-
-def _die_with_parent() -> None:
-    # A pytest killed by a signal (a `timeout` wrapper, Ctrl-C twice) skips fixture teardown;
-    # without this the listener would outlive it, holding its port and temp directory.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        super().stop()
 
 
 def _keygen(path: Path, kind: str) -> Path:
@@ -177,11 +155,7 @@ def _write_config(binary: str, workdir: Path, port: int) -> Path:
 def sshd_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdProcess]:
     binary = require_binary("sshd", "/usr/sbin/sshd")
     require_binary("ssh-keygen", "/usr/bin/ssh-keygen")
-    if os.geteuid() != 0:
-        message = "the sshd fixture runs sshd as root (privilege separation needs it)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+    require_root("sshd", "sshd's privilege separation needs it")
     # The privilege-separation directory the Debian package normally creates at boot.
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
 

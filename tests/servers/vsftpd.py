@@ -25,14 +25,14 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from tests.servers.handle import ServerHandle
-from tests.servers.process import accepts, kill_sessions, terminate
-from tests.support import IN_CI, free_port, require_binary, wait_until
+from tests.servers.process import ListeningProcess, ServerInstance, accepts, require_root
+from tests.support import free_port, require_binary
 
 #: user and PAM service names get a per-run suffix: parallel test runs must not reset each
 #: other's password or delete each other's user.
@@ -46,7 +46,7 @@ PASV_PORTS = (27000, 27999)
 
 
 @dataclass
-class VsftpdProcess:
+class VsftpdProcess(ListeningProcess):
     binary: str
     config: Path
     port: int
@@ -54,33 +54,16 @@ class VsftpdProcess:
     proc: subprocess.Popen[bytes] | None = None
     #: the configured listen_address (tests/hosts.py: the server host's namespace address)
     address: str = "127.0.0.1"
+    name: str = field(default="vsftpd", init=False)
 
     def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([self.binary, str(self.config)], stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=log)
-        wait_until(self._listening, timeout=10, what=f"vsftpd on {self.address}:{self.port} ({self.log})")
+        self.launch([self.binary, str(self.config)], self.log,
+                    f"vsftpd on {self.address}:{self.port} ({self.log})", self._listening,
+                    die_with_parent=False)
 
     def _listening(self) -> bool:
         assert self.proc is not None
         return accepts(self.proc, self.port, "vsftpd", self.log, read_banner=True, host=self.address)
-
-    def drop_connections(self) -> None:
-        """Kill every per-session vsftpd process (children of the listener)."""
-        assert self.proc is not None
-        kill_sessions(self.proc, "vsftpd")
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.drop_connections()
-            terminate(self.proc)
-        self.proc = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
 
 
 def _config(root: Path, workdir: Path, port: int, pam_service: str, address: str = "127.0.0.1") -> str:
@@ -134,34 +117,16 @@ def vsftpd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHa
     binary = require_binary("vsftpd", "/usr/sbin/vsftpd")
     for tool in ("useradd", "userdel", "chpasswd"):
         require_binary(tool, f"/usr/sbin/{tool}")
-    if os.geteuid() != 0:
-        message = "the vsftpd fixture must run as root (it creates a login user and chroots)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+    require_root("vsftpd", "it creates a login user and chroots")
 
     with running_vsftpd(binary, tmp_path_factory.mktemp("vsftpd")) as v:
-        yield ServerHandle(
-            kind="vsftpd",
-            root=v.root,
-            url=f"ftp://{v.user}@127.0.0.1:{v.server.port}/",
-            password=v.password,
-            controls={"drop_connections": v.server.drop_connections, "restart": v.server.restart},
-        )
-
-
-@dataclass
-class VsftpdInstance:
-    server: VsftpdProcess
-    user: str
-    password: str
-    root: Path
+        yield v.handle("vsftpd")
 
 
 @contextmanager
 def running_vsftpd(binary: str, workdir: Path, *, label: str = "test",
                    process_class: Callable[..., VsftpdProcess] = VsftpdProcess,
-                   address: str = "127.0.0.1") -> Iterator[VsftpdInstance]:
+                   address: str = "127.0.0.1") -> Iterator[ServerInstance]:
     """A real vsftpd on a free port of ``address`` (loopback), with its own login user, PAM service
     and root.
 
@@ -199,7 +164,7 @@ def running_vsftpd(binary: str, workdir: Path, *, label: str = "test",
         server = process_class(binary=binary, config=config, port=port, log=workdir / "stderr.log",
                                address=address)
         server.start()
-        yield VsftpdInstance(server, user, password, root)
+        yield ServerInstance(server, user, password, root)
     finally:
         if server is not None:
             server.stop()
