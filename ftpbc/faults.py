@@ -41,8 +41,9 @@ POINTS = (
     "receive.after-read",
     # a route (routes:): decided, staged at the destination, renamed into place, source committed
     "route.after-decide", "route.after-stage", "route.after-expose", "route.after-commit",
-    # a topic's fan-out (docs/topics.md): every copy staged, the commit record, the first copy out
-    "fanout.after-stage", "fanout.after-commit-record", "fanout.after-first-expose",
+    # a topic's fan-out (docs/topics.md): its copies named, every copy staged, the commit record,
+    # the first copy out
+    "fanout.after-intent", "fanout.after-stage", "fanout.after-commit-record", "fanout.after-first-expose",
 )
 
 _targets: dict[str, int] = {}

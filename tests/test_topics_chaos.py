@@ -92,6 +92,17 @@ def crash_handle(request: pytest.FixtureRequest) -> ServerHandle:
     return h
 
 
+def tx_ops(cluster: Cluster, node_id: str) -> list[list[str]]:
+    """The events of each pending operation of ``node_id``'s transaction journal."""
+    ops = cluster.pending().get(node_id, {}).get("transactions:", [])
+    return [op.split(" ", 1)[1].split(">") for op in ops]
+
+
+def has_commit(cluster: Cluster, node_id: str) -> bool:
+    """Whether ``node_id`` left a committed fan-out (its commit record) for recovery."""
+    return any("commit" in events for events in tx_ops(cluster, node_id))
+
+
 def crashed_then_recovered(cluster: Cluster, crash_at: str, *, recovery_crash: str | None = None) -> None:
     """Start a node that is killed at ``crash_at`` (optionally a second start killed inside its
     recovery), then a clean one; wait until it fanned out everything, stop it."""
@@ -101,7 +112,7 @@ def crashed_then_recovered(cluster: Cluster, crash_at: str, *, recovery_crash: s
         assert node.wait(60) == -9, f"node should have been killed at {crash_at}:\n{node.log.read_text()}"
         # Killed after its commit record, a fan-out is rolled forward; before it, back.
         committed = crash_at.startswith(("fanout.after-commit-record", "fanout.after-first-expose"))
-        assert ("transactions:" in cluster.pending().get("n0", {})) == committed, cluster.pending()
+        assert has_commit(cluster, "n0") == committed, cluster.pending()
         if recovery_crash is not None:
             node.start(crash_at=recovery_crash)
             assert node.wait(60) == -9, node.log.read_text()
@@ -141,10 +152,17 @@ def test_a_recovery_killed_while_rolling_a_fan_out_forward_is_finished_by_the_ne
     assert cluster.pending() == {}
 
 
-def test_ftpbc_recover_finishes_a_fan_out_without_serving(local_server: ServerHandle, tmp_path: Path) -> None:
+@pytest.fixture(params=["pyftpdlib", "vsftpd", "local"])
+def recover_handle(request: pytest.FixtureRequest) -> ServerHandle:
+    h: ServerHandle = request.getfixturevalue(f"{request.param}_server")
+    return h
+
+
+def test_ftpbc_recover_finishes_a_fan_out_without_serving(recover_handle: ServerHandle,
+                                                          tmp_path: Path) -> None:
     """``ftpbc recover`` of a node killed after its commit record: the copies are exposed and the
     claim archived by recovery alone (no node runs afterwards)."""
-    cluster = make_topic_cluster(local_server, tmp_path / "w", SUBS, workers=1)
+    cluster = make_topic_cluster(recover_handle, tmp_path / "w", SUBS, workers=1)
     publish(cluster, {b"eu-1": {"properties": {"region": "eu"}}}, SUBS)
     node = NodeProcess(cluster, "n0")
     try:
@@ -159,6 +177,45 @@ def test_ftpbc_recover_finishes_a_fan_out_without_serving(local_server: ServerHa
     assert bodies(cluster, "all") == bodies(cluster, "eu") == Counter([b"eu-1"])
     assert bodies(cluster, "us") == Counter()
     assert len(cluster.files("incoming/inarchive")) == 1
+    assert leftovers(cluster, list(SUBS)) == {}
+    assert cluster.pending() == {}
+
+
+@pytest.mark.parametrize("point", [
+    "fanout.after-intent",  # the copies named in the transaction journal, none uploaded
+    "fanout.after-stage",   # every copy staged as well, still no commit record
+])
+def test_ftpbc_recover_rolls_back_a_fan_out_named_but_not_committed(recover_handle: ServerHandle,
+                                                                     tmp_path: Path, point: str) -> None:
+    """A node killed between its fan-out's ``staging`` record and the commit record: ``ftpbc
+    recover`` removes every staged copy the record names (a copy never uploaded is fine),
+    exposes none, returns the message to the topic's inbox; the next node fans it out once."""
+    cluster = make_topic_cluster(recover_handle, tmp_path / "w", SUBS, workers=1)
+    publish(cluster, {b"eu-1": {"properties": {"region": "eu"}}}, SUBS)
+    node = NodeProcess(cluster, "n0")
+    try:
+        node.start(crash_at=point)
+        assert node.wait(60) == -9, node.log.read_text()
+        assert tx_ops(cluster, "n0") == [["staging"]], cluster.pending()
+        staged = {s: cluster.files(f"fanout/{s}") for s in SUBS}
+        uploaded = 2 if point == "fanout.after-stage" else 0
+        assert sum(len(names) for names in staged.values()) == uploaded, staged
+        assert len(cluster.files("incoming/inselect")) == 1
+        out = run_cli(cluster, "recover", node_id="n0")
+        assert out.returncode == 0, out.stderr
+        assert f"not committed: rolled back, {uploaded} of 2 staged member(s) removed, none exposed" \
+            in out.stdout, out.stdout
+        assert {s: bodies(cluster, s) for s in SUBS} == {s: Counter() for s in SUBS}
+        assert not cluster.files("incoming/inarchive")
+        assert list(leftovers(cluster, list(SUBS))) == ["incoming/inbox"]  # the message, back
+        assert cluster.pending() == {}
+        node.start()
+        wait_until(lambda: all_fanned_out(cluster, 1), timeout=60, what="the message fanned out")
+        assert node.stop() == 0, node.log.read_text()[-3000:]
+    finally:
+        node.kill()
+    assert {s: bodies(cluster, s) for s in SUBS} == {"all": Counter([b"eu-1"]), "eu": Counter([b"eu-1"]),
+                                                     "us": Counter()}
     assert leftovers(cluster, list(SUBS)) == {}
     assert cluster.pending() == {}
 

@@ -170,6 +170,38 @@ def test_rename_replaces_an_existing_target(server: ServerHandle, t: Transport) 
     assert not t.exists(f"{d}/new")
 
 
+def test_rename_each_reports_every_pair_in_order(server: ServerHandle, t: Transport) -> None:
+    """A batch of renames (FTP: every RNFR and RNTO in one write): a missing source in the
+    middle is that pair's SourceGone only, the pairs after it are renamed, a target is
+    replaced, and the session is still in step for the next command."""
+    d = server.fresh_dir()
+    t.mkdir(f"{d}/to")
+    for name in ("a", "c", "d", "e"):
+        put_bytes(t, f"{d}/{name}", name.encode())
+    put_bytes(t, f"{d}/to/c", b"old target")
+    pairs = [("a", "a"), ("gone", "b"), ("c", "c"), ("d", "d"), ("gone-too", "x"), ("e", "e")]
+    outcomes = t.rename_each([(f"{d}/{src}", f"{d}/to/{dst}") for src, dst in pairs])
+    assert [type(o).__name__ for o in outcomes] == ["NoneType", "SourceGone", "NoneType", "NoneType",
+                                                    "SourceGone", "NoneType"]
+    assert sorted(p.name for p in server.local(d).iterdir()) == ["to"]
+    assert {p.name: p.read_bytes() for p in server.local(f"{d}/to").iterdir()} == {
+        "a": b"a", "c": b"c", "d": b"d", "e": b"e"}
+    assert get_bytes(t, f"{d}/to/d") == b"d"
+
+
+def test_rename_each_of_more_pairs_than_one_write_takes(server: ServerHandle, t: Transport) -> None:
+    d = server.fresh_dir()
+    count = 70  # more than two of FTP's batches (RENAME_BATCH)
+    for i in range(count):
+        (server.local(d) / f"m{i}").write_bytes(b"x")
+    pairs = [(f"{d}/m{i}", f"{d}/m{i}.claimed") for i in range(count)]
+    pairs.insert(40, (f"{d}/missing", f"{d}/missing.claimed"))
+    outcomes = t.rename_each(pairs)
+    assert [i for i, o in enumerate(outcomes) if o is not None] == [40]
+    assert isinstance(outcomes[40], SourceGone)
+    assert sorted(p.name for p in server.local(d).iterdir()) == sorted(f"m{i}.claimed" for i in range(count))
+
+
 def test_two_threads_racing_for_one_source_one_wins(server: ServerHandle, t: Transport) -> None:
     """The claim race: exactly one rename succeeds, the loser learns SourceGone."""
     d = server.fresh_dir()

@@ -131,6 +131,9 @@ class FileCrossLock:
         self._fd: int | None = None
         self._fd_pid = 0
         self._finalizer: Callable[[], object] | None = None
+        self._hfd: int | None = None
+        self._hfd_pid = 0
+        self._hfd_finalizer: Callable[[], object] | None = None
         self._warned: str | None = None
         # 0700 (and state_dir itself, when created here): a local user who could write the lock
         # or holder file could stall an endpoint or make a live holder look dead
@@ -190,9 +193,8 @@ class FileCrossLock:
         if self._holder is None:
             return
         want = self._holder.encode("ascii")
-        try:
-            fd = open_private(self._holder_path, os.O_RDWR)
-        except OSError:
+        fd = self._holder_fd()
+        if fd is None:
             return  # only the dead-holder bypass needs it; the lock itself is held
         try:
             old = os.pread(fd, 4096, 0)
@@ -200,13 +202,26 @@ class FileCrossLock:
                 os.pwrite(fd, want.ljust(len(old)), 0)
         except OSError:
             pass
-        finally:
-            os.close(fd)
+
+    def _holder_fd(self) -> int | None:
+        """The holder file, opened once per process as the lock file is (an open and a close
+        per poll cost more than the read that is left); None if it cannot be opened."""
+        pid = os.getpid()
+        if self._hfd is None or self._hfd_pid != pid:
+            try:
+                self._hfd = open_private(self._holder_path, os.O_RDWR)
+            except OSError:
+                return None
+            self._hfd_pid = pid
+            self._hfd_finalizer = weakref.finalize(self, _close_quietly, self._hfd)
+        return self._hfd
 
     def close(self) -> None:
         if self._finalizer is not None:
             self._finalizer()
-        self._fd = None
+        if self._hfd_finalizer is not None:
+            self._hfd_finalizer()
+        self._fd = self._hfd = None
 
     def _holder_is_dead(self) -> bool:
         if self._holder is None or self._lease is None:

@@ -388,8 +388,17 @@ class AreaLayout(Layout):
         return m.uuid if m is not None else None
 
     def prepare(self, transport: Transport) -> None:
+        # One listing of the repository first: an area made before (by a sender, another node,
+        # a subscription's creation) then needs no MKD at all, where an MKD of a directory that
+        # exists costs a refusal plus a check on the server, for each of the area's directories.
+        repository = self.area.repository
+        try:
+            there = {e.name for e in transport.list(repository) if e.is_dir}
+        except FtpbcError:  # no repository yet, or no listing: every directory is made below
+            there = set()
         for d in self.area.all_dirs():
-            transport.mkdir(d)
+            if posixpath.dirname(d) != repository or posixpath.basename(d) not in there:
+                transport.mkdir(d)
 
     def _decode(self, entry: Entry) -> Candidate | None:
         env = self.codec.decode(entry.name, direction=self.direction)

@@ -172,6 +172,47 @@ def rename_resolving(transport: Transport, src: str, dst: str) -> None:
         # else the first rename happened (the target may already be claimed by a consumer)
 
 
+def expose_each(items: Sequence[tuple[Lifecycle, Outbound]]) -> list[TransportError | None]:
+    """:meth:`Lifecycle.expose` of several complete staged files (``staged=True``), with the
+    renames of those on one server sent together (:meth:`Transport.rename_each`: one round trip
+    on FTP where one each takes one).  Per item, in order: None once it is in place, or the
+    TransportError exposing it raised (SourceGone: its stage file was not there).  Every item is
+    tried whatever happens to the others; one with a protect or final step is exposed alone.
+    """
+    outcomes: list[TransportError | None] = [None] * len(items)
+    #: transport id -> (the transport, indexes of the items renamed there together)
+    together: dict[int, tuple[Transport, list[int]]] = {}
+    for i, (lc, out) in enumerate(items):
+        if out.stage is None or out.protect or out.final:
+            try:
+                lc.expose(out, staged=True, body=None)
+            except TransportError as exc:
+                outcomes[i] = exc
+            continue
+        try:
+            lc.layout.ensure_dir(lc.transport, out.target)
+        except TransportError as exc:
+            outcomes[i] = exc
+            continue
+        together.setdefault(id(lc.transport), (lc.transport, []))[1].append(i)
+    for t, indexes in together.values():
+        pairs = []
+        for i in indexes:
+            stage = items[i][1].stage
+            assert stage is not None  # checked above
+            pairs.append((stage, items[i][1].target))
+        for i, (src, dst), outcome in zip(indexes, pairs, t.rename_each(pairs), strict=True):
+            if isinstance(outcome, OutcomeUnknown):
+                try:  # as rename_resolving: the stage still there means it did not happen
+                    if t.exists(src):
+                        rename_resolving(t, src, dst)
+                    outcome = None
+                except TransportError as exc:
+                    outcome = exc
+            outcomes[i] = outcome
+    return outcomes
+
+
 class Lifecycle:
     """One layout's messages as seen by one node.  Thread-safe."""
 
@@ -469,6 +510,17 @@ class Lifecycle:
         self.layout.ensure_dir(self.transport, out.stage)
         self.transport.put(out.stage, _stream(body))
 
+    def upload_stage(self, out: Outbound, body: Body) -> None:
+        """Upload ``body`` to ``out.stage``, journaling and checking nothing: for a transaction
+        whose own record named this stage before the upload, so that its recovery removes it,
+        and that checked the body's size against :attr:`max_message_bytes` before that record
+        (a fan-out's copies: :meth:`Transaction.stage_copies
+        <ftpbc.exchange.transaction.Transaction.stage_copies>`)."""
+        if not out.stage:
+            raise ValueError(f"{self.name}: {out.target} has no stage: it cannot be sent in a transaction")
+        self.layout.ensure_dir(self.transport, out.stage)
+        self.transport.put(out.stage, _stream(body))
+
     def expose(self, out: Outbound, *, staged: bool, body: Callable[[], BinaryIO] | None) -> str:
         """From a complete staged file (or, unstaged, from ``body``) to target and final names.
 
@@ -539,19 +591,27 @@ class Lifecycle:
         if layout.select is None:
             return [Claimed(c, src, op) for c, op, src, _ in plan], 0
         won: list[Claimed] = []
-        for c, op, src, dst in plan:
-            try:
-                self.transport.rename(src, dst)
-            except SourceGone:
+        lost = 0
+        failed: TransportError | None = None
+        # All renames at once (FTP: one round trip for the batch); each has its own outcome.
+        outcomes = self.transport.rename_each([(src, dst) for _, _, src, dst in plan])
+        for (c, op, _, dst), outcome in zip(plan, outcomes, strict=True):
+            if isinstance(outcome, OutcomeUnknown) and self.transport.exists(dst):
+                outcome = None  # it happened
+            if outcome is not None:  # not renamed
                 self.journal.end(op)
+                if isinstance(outcome, SourceGone | OutcomeUnknown):
+                    lost += 1  # taken by another node (or returned) meanwhile
+                elif failed is None:
+                    failed = outcome
                 continue
-            except OutcomeUnknown:
-                if not self.transport.exists(dst):
-                    self.journal.end(op)
-                    continue
             crash_point("claim.after-rename" if serving else "collect.after-claim")
             won.append(Claimed(c, dst, op))
-        return won, len(plan) - len(won)
+        if failed is not None:
+            if not won:
+                raise failed  # the poll failed: its caller logs it and backs off
+            log.warning("%s: claimed %d, one or more others failed: %s", self.name, len(won), failed)
+        return won, lost
 
     def _op_id(self, c: Candidate, role: str) -> str:
         """The message id plus its role where ids are unique tokens (an endpoint's UUIDs), a

@@ -406,13 +406,14 @@ def fan_out(runtime: Runtime, topic: str, claimed: Claimed, body: BinaryIO,
     chosen = [t.subscription for t in targets if t.accepts(claimed.candidate)]
     tx = Transaction(runtime, points="fanout")
     try:
+        copies = []
         for sub in chosen:
             sub_layout = runtime.lifecycle(sub.endpoint).layout
             assert isinstance(sub_layout, AreaLayout)
             name = copy_name(sub_layout, claimed.candidate)
             stage = f"{fanout_dir}/{sub.name}/{claim_name(name, runtime.node_id)}"
-            body.seek(0)
-            tx.stage_copy(sub.endpoint, Outbound(sub_layout.box_path(name), stage), body, uid=claimed.uuid)
+            copies.append((sub.endpoint, Outbound(sub_layout.box_path(name), stage)))
+        tx.stage_copies(copies, body, uid=claimed.uuid)
         crash_point("fanout.after-stage")
         commit = layout.commit(claimed.candidate, runtime.node_id, lc.clock(), error=False)
         tx.settle_claim(Settlement(topic, claimed.op_id, claimed.path, commit.path, commit.cleanup))

@@ -8,21 +8,24 @@
 The order of the steps is what makes a crash decidable::
 
     per member: send record (names the transaction) -> upload to instage/<name>~<node>
+      (or, for copies staged together by stage_copies: one ``staging`` record in the
+      transaction journal naming them all -> upload each)
     ADMIT: members bound for bounded inboxes counted against them (QueueFull: all rolled back)
     COMMIT: one durable ``commit`` record in the node's transaction journal, naming every member
             (endpoint, op id, stage and target)
     per member: rename stage -> box      (expose)
-    end each member's send, then end the commit
+    end each member's send (copies staged together have none), then end the commit
 
 Before the commit record nothing is visible, and recovery rolls every member back (its staged
-file is removed, as for any send that was never acknowledged).  Once the commit record is on
-disk, every member is complete in its stage (the record is written only after the last upload
-returned), and recovery rolls every member forward (exposes what is still staged).  A process
-killed anywhere therefore ends, after ``ftpbc recover`` (or the next client or node of the same
-identity), with all members in their boxes or none.
+file is removed, as for any send that was never acknowledged; members named by a ``staging``
+record are removed by the transaction's recovery, a stage never made being fine).  Once the
+commit record is on disk, every member is complete in its stage (the record is written only
+after the last upload returned), and recovery rolls every member forward (exposes what is
+still staged).  A process killed anywhere therefore ends, after ``ftpbc recover`` (or the next
+client or node of the same identity), with all members in their boxes or none.
 
-The commit record is self-contained (it is fsynced; the members' send records are not), so
-even a machine crash that lost the send records is rolled forward from it; without it, the
+The commit record is self-contained (it is fsynced; the members' send and staging records are
+not), so even a machine crash that lost those records is rolled forward from it; without it, the
 members' staged files carry this node's id and are removed as orphans.
 
 A transaction may also *settle a claim* (:meth:`Transaction.settle_claim`: a topic's fan-out,
@@ -47,16 +50,16 @@ import contextlib
 import json
 import logging
 import uuid as uuidlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, BinaryIO, Protocol
 
-from ftpbc.errors import FtpbcError, NotFound, QueueFull, SourceGone
+from ftpbc.errors import FtpbcError, MessageTooLarge, NotFound, QueueFull, SourceGone
 from ftpbc.exchange.bounds import body_length
 from ftpbc.exchange.envelope import Kind
 from ftpbc.exchange.layout import AreaLayout, Outbound
-from ftpbc.exchange.lifecycle import Lifecycle, op_id_for, rename_resolving
+from ftpbc.exchange.lifecycle import Lifecycle, expose_each, op_id_for, rename_resolving
 from ftpbc.exchange.recovery import Action
 from ftpbc.faults import crash_point
 from ftpbc.journal import EndpointJournal, Journal
@@ -158,6 +161,10 @@ class Transaction:
         self._exposed: set[tuple[str, str]] = set()
         #: op id -> the member's size in bytes (None: unknown, a pipe), for bounded inboxes
         self._sizes: dict[str, int | None] = {}
+        #: members named by this transaction's ``staging`` record, with no send record of their own
+        self._grouped: set[tuple[str, str]] = set()
+        #: (member count, their JSON) as last encoded: the commit record names what staging did
+        self._encoded: tuple[int, str] = (0, "[]")
         #: open, committed (record written, maybe not all exposed), done, rolled back
         self.state = "open"
 
@@ -189,13 +196,49 @@ class Transaction:
         crash_point(f"{self._points}.after-stage")
         return uid, out.where
 
-    def stage_copy(self, endpoint: str, out: Outbound, body: bytes | BinaryIO, *, uid: str,
-                   kind: Kind = "oneway") -> None:
-        """Stage a message under a name and stage path the caller chose (``out``: a copy of a
-        message being fanned out keeps its name); exposed at ``out.target`` by :meth:`commit`."""
+    def stage_copies(self, copies: Sequence[tuple[str, Outbound]], body: bytes | BinaryIO, *,
+                     uid: str) -> None:
+        """Stage one message under names and stage paths the caller chose (``(endpoint, out)``
+        each: the copies of a message being fanned out keep its name), each exposed at its
+        ``out.target`` by :meth:`commit`.  ``body`` is read once per copy, from its start.
+
+        One journal record for all: a ``staging`` record of this transaction naming every
+        member so far is written before the first upload, instead of a send record per copy
+        (and its end).  Until the commit record, recovery removes every stage it names (those
+        never made are fine); after it, the commit rolls them forward as any member.  At most
+        once per transaction (a second record would replace the first's list).  Raises
+        MessageTooLarge or ValueError (a copy without a stage) before writing anything.
+        """
         if self.state != "open":
             raise RuntimeError(f"transaction {self.id} is {self.state}: no more messages")
-        self._stage_out(endpoint, self.sender.lifecycle(endpoint), out, op_id_for(uid, "send"), kind, body)
+        if self._grouped:
+            raise RuntimeError(f"transaction {self.id}: copies are staged once per transaction")
+        op_id = op_id_for(uid, "send")
+        members = [Member(endpoint, op_id, out) for endpoint, out in copies]
+        if not members:
+            return
+        if not isinstance(body, bytes):
+            body.seek(0)
+        size = body_length(body)  # measured once, before an upload reads it
+        lifecycles = [self.sender.lifecycle(m.endpoint) for m in members]
+        for m, lc in zip(members, lifecycles, strict=True):
+            # Refused before anything is written.
+            if m.out.stage is None:
+                raise ValueError(f"{lc.name}: {m.out.target} has no stage: it cannot be transacted")
+            if size is not None and size > lc.max_message_bytes:
+                raise MessageTooLarge(f"{lc.name}: message for {m.out.target}", size, lc.max_message_bytes)
+        # Known before the record is written: a rollback removes whatever part of them exists.
+        self._members.extend(members)
+        self._grouped.update((m.endpoint, m.op_id) for m in members)
+        self._sizes[op_id] = size
+        # Not fsynced, as a send's record: written before the uploads, it survives a kill of
+        # this process; the commit record is fsynced and names every member again.
+        self._journal().record(self.op_id, "staging", members=self._members_json())
+        crash_point(f"{self._points}.after-intent")
+        for m, lc in zip(members, lifecycles, strict=True):
+            if not isinstance(body, bytes):
+                body.seek(0)
+            lc.upload_stage(m.out, body)
 
     def _stage_out(self, endpoint: str, lc: Lifecycle, out: Outbound, op_id: str, kind: Kind,
                    body: bytes | str | BinaryIO) -> None:
@@ -237,8 +280,7 @@ class Transaction:
                     raise
                 # Durable: from here on the transaction is committed, whatever happens to this process.
                 extra = {} if self._settlement is None else {"claim": self._settlement.to_json()}
-                journal.record(self.op_id, "commit", durable=True, members=encode_members(self._members),
-                               **extra)
+                journal.record(self.op_id, "commit", durable=True, members=self._members_json(), **extra)
                 self.state = "committed"
                 crash_point(f"{self._points}.after-commit-record")
             if self._settlement is not None and not self._settled:
@@ -273,24 +315,18 @@ class Transaction:
                 admitted.enter_context(lc.capacity.admit_all(sends))
 
     def _expose_all(self, journal: EndpointJournal) -> list[str]:
-        where = []
+        todo = [m for m in self._members if (m.endpoint, m.op_id) not in self._exposed]
+        if todo:
+            # The first alone: killed right after it (after-first-expose), one member is out
+            # and the others still staged.  The others together: one round trip per server.
+            self._expose([todo[0]])
+            if len(self._exposed) == 1:
+                crash_point(f"{self._points}.after-first-expose")
+            self._expose(todo[1:])
+        where = [member.out.where for member in self._members]
         for member in self._members:
-            lc = self.sender.lifecycle(member.endpoint)
-            if (member.endpoint, member.op_id) not in self._exposed:
-                try:
-                    lc.expose(member.out, staged=True, body=None)
-                except SourceGone:
-                    if self._settlement is None:
-                        raise
-                    # A settled claim's copy staged once the record was durable and gone now was
-                    # exposed (an earlier attempt whose reply was lost), or purged with its
-                    # subscription: either way nothing is left to expose.
-                self._exposed.add((member.endpoint, member.op_id))
-                if len(self._exposed) == 1:
-                    crash_point(f"{self._points}.after-first-expose")
-            where.append(member.out.where)
-        for member in self._members:
-            self.sender.lifecycle(member.endpoint).journal.end(member.op_id)
+            if (member.endpoint, member.op_id) not in self._grouped:
+                self.sender.lifecycle(member.endpoint).journal.end(member.op_id)
         if self._settlement is not None:
             finish_settlement(self.sender.lifecycle(self._settlement.endpoint), self._settlement)
         journal.end(self.op_id)
@@ -299,6 +335,22 @@ class Transaction:
             for endpoint, uid in self._submitted:
                 self._on_submit(endpoint, uid)
         return where
+
+    def _expose(self, members: list[Member]) -> None:
+        """Expose ``members`` (every one is tried); raise the first failure, if any, once the
+        others are out."""
+        outcomes = expose_each([(self.sender.lifecycle(m.endpoint), m.out) for m in members])
+        failed: FtpbcError | None = None
+        for member, outcome in zip(members, outcomes, strict=True):
+            if outcome is not None and not (isinstance(outcome, SourceGone) and self._settlement is not None):
+                failed = failed or outcome
+                continue
+            # Out; or, settling a claim, its stage gone: a copy staged before the durable record
+            # and gone now was exposed by an earlier attempt whose reply was lost, or purged with
+            # its subscription; either way nothing is left to expose.
+            self._exposed.add((member.endpoint, member.op_id))
+        if failed is not None:
+            raise failed
 
     def rollback(self) -> None:
         """Remove every staged message; none was visible.  Refused once committed."""
@@ -318,13 +370,23 @@ class Transaction:
                         lc.transport.delete(member.out.stage)
                     except NotFound:
                         pass  # never uploaded (or its upload failed before the file was made)
-                lc.journal.end(member.op_id)
+                if (member.endpoint, member.op_id) not in self._grouped:
+                    lc.journal.end(member.op_id)
             except FtpbcError as exc:
                 # Left pending: no commit record, so recovery removes it.
                 log.warning("transaction %s: staged %s left for recovery: %s", self.id, member.out.stage, exc)
                 failed = failed or exc
         if failed is not None:
-            raise failed
+            raise failed  # the staging record stays pending too: recovery removes what is left
+        if self._grouped:
+            self._journal().end(self.op_id)
+
+    def _members_json(self) -> str:
+        """Every member so far, as a record names them (encoded once per set of members:
+        members are only ever appended)."""
+        if self._encoded[0] != len(self._members):
+            self._encoded = (len(self._members), encode_members(self._members))
+        return self._encoded[1]
 
     def _journal(self) -> EndpointJournal:
         return self.sender.journal.endpoint(TX_KEY)
@@ -353,12 +415,13 @@ def open_transactions(journal: Journal) -> set[str]:
     rolled forward, never back)."""
     if TX_KEY not in journal.registry():
         return set()
-    return {op.op_id.rsplit(".", 1)[0] for op in journal.endpoint(TX_KEY).pending() if op.kind == "commit"}
+    return {op.op_id.rsplit(".", 1)[0] for op in journal.endpoint(TX_KEY).pending() if "commit" in op.events}
 
 
 def recover_transactions(journal: Journal, inbound: Callable[[str], Lifecycle | None]) -> list[Action]:
     """Roll every committed, unfinished transaction forward: expose each member still staged,
-    end the members' sends and the commit.  ``inbound`` gives an endpoint's inbound lifecycle
+    end the members' sends and the commit; roll back one with a ``staging`` record and no
+    commit: remove the stages it names.  ``inbound`` gives an endpoint's inbound lifecycle
     (None: not configured; the transaction is then left pending and reported).
 
     Run before the endpoints' own operations (:func:`ftpbc.exchange.recovery.recover_pending`):
@@ -371,7 +434,13 @@ def recover_transactions(journal: Journal, inbound: Callable[[str], Lifecycle | 
     actions = []
     for op in txj.pending():
         crash_point("recover.before-op")
-        if op.kind != "commit":
+        if "commit" not in op.events and op.kind == "staging":
+            try:
+                outcome = _roll_back(txj, op.op_id, decode_members(op.fields["members"]), inbound)
+            except FtpbcError as exc:
+                outcome = f"left for the next recovery: {exc}"
+                log.warning("%s: cannot recover transaction yet: %s", op.op_id, exc)
+        elif "commit" not in op.events:
             txj.end(op.op_id)
             outcome = f"unknown operation {op.kind!r} dropped"
         else:
@@ -386,6 +455,27 @@ def recover_transactions(journal: Journal, inbound: Callable[[str], Lifecycle | 
         actions.append(Action(TX_KEY, op.op_id, op.kind, outcome))
         log.info("recovered %s", actions[-1])
     return actions
+
+
+def _roll_back(txj: EndpointJournal, op_id: str, members: list[Member],
+               inbound: Callable[[str], Lifecycle | None]) -> str:
+    """A transaction with a ``staging`` record and no commit: remove every stage it names (the
+    uploads may have been cut anywhere: a stage never made is fine), then end it."""
+    lifecycles = [inbound(m.endpoint) for m in members]
+    missing = sorted({m.endpoint for m, lc in zip(members, lifecycles, strict=True) if lc is None})
+    if missing:
+        return f"skipped: endpoint {', '.join(missing)} not configured (left pending)"
+    removed = 0
+    for m, lc in zip(members, lifecycles, strict=True):
+        assert lc is not None
+        if m.out.stage:
+            try:
+                lc.transport.delete(m.out.stage)
+                removed += 1
+            except NotFound:
+                pass
+    txj.end(op_id)
+    return f"not committed: rolled back, {removed} of {len(members)} staged member(s) removed, none exposed"
 
 
 def _roll_forward(txj: EndpointJournal, op_id: str, members: list[Member],
@@ -422,7 +512,7 @@ def _roll_forward(txj: EndpointJournal, op_id: str, members: list[Member],
 
 
 def _pending(journal: EndpointJournal, op_id: str) -> bool:
-    return any(op.op_id == op_id for op in journal.pending())
+    return journal.is_pending(op_id)
 
 
 def _known(inbound: Callable[[str], Lifecycle | None], endpoint: str) -> Lifecycle:

@@ -84,11 +84,29 @@ _SAFE = "/:.-_~@"
 #: a value made only of characters quote() leaves alone is written as it is (the usual case:
 #: paths, UUIDs, names), which saves a quote() call per field, three or four per record
 _PLAIN_VALUE = re.compile(r"[A-Za-z0-9/:.\-_~@]*")
+#: the characters of names with headers (``msg.<uuid>;s=<stamp>``) and of JSON values (a
+#: transaction's members) that quote() escapes, with their escapes; '%' first
+_COMMON_ESCAPES = tuple((ch, f"%{ord(ch):02X}") for ch in '%;="{}[],')
+#: a value once those are escaped, if it needs nothing more
+_PLAIN_ESCAPED = re.compile(r"[A-Za-z0-9/:.\-_~@%]*")
+
+
+def _quote(value: str) -> str:
+    """``quote(value, safe=_SAFE)``, the same text: quote() calls a Python function per byte,
+    str.replace per character kind does not."""
+    if _PLAIN_VALUE.fullmatch(value):
+        return value
+    escaped = value
+    for ch, escape in _COMMON_ESCAPES:
+        if ch in escaped:
+            escaped = escaped.replace(ch, escape)
+    if _PLAIN_ESCAPED.fullmatch(escaped):
+        return escaped
+    return quote(value, safe=_SAFE)
 
 
 def _encode(fields: dict[str, str]) -> str:
-    return " ".join(f"{k}={v if _PLAIN_VALUE.fullmatch(v) else quote(v, safe=_SAFE)}"
-                    for k, v in fields.items())
+    return " ".join(f"{k}={_quote(v)}" for k, v in fields.items())
 
 
 def _decode(parts: Iterable[str]) -> dict[str, str]:
@@ -130,6 +148,8 @@ REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
     "served": (),  # and one of _COMMIT_FIELDS, and its body if it has a reply
     "replay": ("src", "dst"),
     "commit": ("members",),  # a transaction's sends, all to be exposed (exchange/transaction.py)
+    # a fan-out's copies, named before any is uploaded (exchange/transaction.py, stage_copies)
+    "staging": ("members",),
     "delivered": (),
     # a route's message (exchange/route.py): where it goes, then its stage file complete
     "routed": ("claim", "commit", "d_server", "d_target", "d_stage"),
@@ -289,6 +309,11 @@ class EndpointJournal:
         """Operations begun and not ended, in the order they began."""
         with self._lock:
             return [Operation(o.op_id, list(o.events), dict(o.fields)) for o in self._pending.values()]
+
+    def is_pending(self, op_id: str) -> bool:
+        """Whether operation ``op_id`` is begun and not ended (no copy of every pending one)."""
+        with self._lock:
+            return op_id in self._pending
 
     # ------------------------------------------------------------------ writing
 
@@ -575,16 +600,26 @@ class Journal:
         self._closed = False
         self._lock = threading.Lock()
         self.registry_path = self.dir / "registry"
+        # Resolved once: endpoint() runs several times per message, and resolve() is an lstat
+        # per path component each time.
+        self._resolved = self.dir.resolve()
+        #: endpoint name -> its journal, as endpoint() returned it (dropped by close)
+        self._endpoints: dict[str, EndpointJournal] = {}
 
     def registry(self) -> dict[str, str]:
         return _read_registry(self.registry_path)
 
     def endpoint(self, name: str) -> EndpointJournal:
+        # No lock for the cache: one dict read is atomic, and an entry stays until close().
+        journal = self._endpoints.get(name)
+        if journal is not None:
+            return journal
         file = f"{uuid.uuid5(_NAMESPACE, name)}.journal"
-        path = self.dir.resolve() / file
+        path = self._resolved / file
         with _Shared.lock:
             journal = _Shared.endpoints.get(path)
             if journal is not None:
+                self._endpoints[name] = journal
                 return journal
             registry = self.registry()
             if registry.get(name) != file:
@@ -595,6 +630,7 @@ class Journal:
                 os.replace(tmp, self.registry_path)
             journal = EndpointJournal(path, durable=self.durable)
             _Shared.endpoints[path] = journal
+            self._endpoints[name] = journal
             return journal
 
     def all_pending(self) -> dict[str, list[Operation]]:
@@ -622,4 +658,5 @@ class Journal:
             if self._closed:
                 return
             self._closed = True
+            self._endpoints.clear()
         _release_node(self.dir)

@@ -44,6 +44,13 @@ def _no_handler(message: Message) -> None:
 class FanOut(Provider):
     """The poller and workers fanning out one topic on one node."""
 
+    # Claim as soon as one worker is free, not half of them as an endpoint's poller does once
+    # work keeps coming: a fanned-out message holds its worker for a dozen round trips and more
+    # (a STOR per copy), so waiting for a second worker left one idle for most of a message.  A
+    # claim still comes from the remembered backlog, so this costs polls under the lock, not
+    # listings.
+    refill_when_busy = 1
+
     def __init__(self, topic: str, config: TopicConfig, runtime: Runtime, registry: Registry,
                  poll_lock: PollLock, *, liveness: Liveness | None = None) -> None:
         super().__init__(topic, config, runtime.lifecycle(topic), _no_handler, poll_lock, liveness=liveness)
@@ -51,15 +58,6 @@ class FanOut(Provider):
         self.registry = registry
         #: copies exposed by this node (a message to three subscriptions counts three)
         self.copies = 0
-
-    def _free_slots(self) -> int:
-        # Claim as soon as one worker is free, not half of them as an endpoint's poller does
-        # once work keeps coming: a fanned-out message holds its worker for some 25 round trips
-        # (a STOR and a rename per copy), so waiting for a second worker left one idle for most
-        # of a message (4.1-4.3 of 5 busy, against 4.6-4.8 claiming for one).  A claim still
-        # comes from the remembered backlog, so this costs polls under the lock, not listings.
-        self._refill_at = 1
-        return super()._free_slots()
 
     def _serve(self, claimed: Claimed) -> bool:
         started = time.monotonic()

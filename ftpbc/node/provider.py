@@ -107,6 +107,10 @@ class Poller:
     to :meth:`_dispatch`; endpoints (:class:`Provider`) and transfers share this loop.
     """
 
+    #: free workers to wait for before claiming again while work keeps coming (None: half of
+    #: them); a subclass whose items hold a worker for long claims for each one (1)
+    refill_when_busy: int | None = None
+
     def __init__(self, name: str, config: PollSettings, poll_lock: PollLock, *,
                  liveness: Liveness | None = None) -> None:
         self.name = name
@@ -193,7 +197,7 @@ class Poller:
             self.stats.last_poll = time.monotonic()
             if found > 0:
                 idle_wait = min(FIRST_IDLE_WAIT, self.config.poll_interval)
-                self._refill_at = max(1, self._capacity // 2)
+                self._refill_at = self.refill_when_busy or max(1, self._capacity // 2)
                 continue
             self._refill_at = 1
             if found < 0:
@@ -235,8 +239,20 @@ class Poller:
                     self._committing -= 1
                 else:
                     self._in_flight -= 1
-                self._in_flight_cv.notify_all()
+                self._wake()
             self._left.slot = None
+
+    def _wake(self) -> None:
+        """Under ``_in_flight_cv``, after a count changed: wake its waiters if one can go on.
+
+        The poller waits for ``_refill_at`` free slots; waking it for every finished message
+        (twice per message, counting the slot it leaves before its commit) mostly had it check
+        and sleep again, a thread switch each time.  A stopping poller's drain is woken at every
+        change.  No wake-up is lost: a waiter checks the counts, under the same lock, before it
+        waits, and ``_refill_at`` changes only on the poller's own thread, before it waits.
+        """
+        if self._capacity - self._in_flight >= self._refill_at or self._stop.is_set():
+            self._in_flight_cv.notify_all()
 
     def _leave_slot(self) -> None:
         """Called by a job, on its worker thread, once its handler is done and its result is
@@ -255,7 +271,7 @@ class Poller:
                 return
             self._in_flight -= 1
             self._committing += 1
-            self._in_flight_cv.notify_all()
+            self._wake()
         self._left.slot = True
 
     def _retry(self, step: Callable[[], T]) -> T | None:

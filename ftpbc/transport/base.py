@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import builtins
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from fnmatch import fnmatchcase
@@ -138,6 +138,27 @@ class Transport(ABC):
     @abstractmethod
     def rename(self, src: str, dst: str, *, timeout: float | None = None) -> None:
         """Move ``src`` to ``dst`` under the rename contract in this module's docstring."""
+
+    def rename_each(self, pairs: Sequence[tuple[str, str]], *,
+                    timeout: float | None = None) -> builtins.list[TransportError | None]:
+        """Rename every ``(src, dst)`` of ``pairs`` as :meth:`rename` would, in order; return,
+        per pair, None if it was renamed or the TransportError its rename raised.
+
+        Nothing is raised for one pair: a :class:`~ftpbc.errors.SourceGone` (a race lost), an
+        :class:`~ftpbc.errors.OutcomeUnknown` (the caller decides from the server's state) or
+        any other error says what happened to that pair only, and the other pairs are renamed
+        all the same.  An error other than OutcomeUnknown means that pair was not renamed.
+        This default renames one pair after the other; a transport that can send several at
+        once (FTP: every RNFR and RNTO in one write) does.
+        """
+        outcomes: builtins.list[TransportError | None] = []
+        for src, dst in pairs:
+            try:
+                self.rename(src, dst, timeout=timeout)
+                outcomes.append(None)
+            except TransportError as exc:
+                outcomes.append(exc)
+        return outcomes
 
     @abstractmethod
     def delete(self, path: str, *, timeout: float | None = None) -> None:

@@ -54,7 +54,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -70,6 +70,7 @@ from ftpbc.errors import (
     OutcomeUnknown,
     ProtocolError,
     SourceGone,
+    TransportError,
 )
 from ftpbc.transport.base import Entry, GlobRefused, Refused, Transport, Visit, normalize, stream_position
 from ftpbc.transport.errormap import (
@@ -99,6 +100,9 @@ _TLS_PIECE = 16 * 1024
 MAX_LISTING_LINE = 64 * 1024
 #: a transient 425 to EPSV/PASV is asked again this many times, after 10, 20, 40 ms
 PASSIVE_RETRIES = 3
+#: rename pairs sent in one write by rename_each: their replies (two short lines each) stay
+#: far below any socket buffer, so the server never blocks writing them while we write
+RENAME_BATCH = 32
 #: how long closing a session waits for the reply to QUIT, and for the server's close_notify
 QUIT_TIMEOUT = 0.5
 _TCP_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
@@ -424,20 +428,73 @@ class FTPTransport(Transport):
 
         def op(s: _Session, progress: Progress) -> None:
             refused = self._rename_once(s, rsrc, rdst, src, progress)
-            if refused is None:
-                return
-            # RNTO refused.  Tell "source claimed by someone else meanwhile" from the rest.
-            if not self._exists(s, rsrc, src):
-                raise SourceGone("rename source is gone", server=self.server, path=src)
-            if self._exists(s, rdst, dst):
-                # A server that refuses to replace: the contract says replace, so delete first.
-                self._command(s, f"DELE {rdst}", dst, progress)
-                refused = self._rename_once(s, rsrc, rdst, src, progress)
-                if refused is None:
-                    return
-            raise translate_ftp_reply(refused, server=self.server, path=dst)
+            if refused is not None:
+                self._settle_refusal(s, rsrc, rdst, src, dst, refused, progress)
 
         self._run(src, op, timeout=timeout, repeatable=False)
+
+    def rename_each(self, pairs: Sequence[tuple[str, str]], *,
+                    timeout: float | None = None) -> builtins.list[TransportError | None]:
+        """The RNFR and RNTO of every pair in one write (up to RENAME_BATCH pairs), the replies
+        read after, in order: one round trip for a poll's claims where :meth:`rename` takes one
+        per pair.  See :meth:`Transport.rename_each` for what is returned.
+
+        A server answers the commands of a session one after the other, in the order sent, so
+        each two replies belong to one pair: a refused RNFR (the source is gone) makes its RNTO
+        answer 503 and rename nothing, and the next pair goes on as usual (the conformance
+        suite checks this on every server).  A refused RNTO is settled afterwards on the same
+        session as :meth:`rename` settles it.  A session that fails before every reply is read
+        leaves the pairs not answered yet with OutcomeUnknown: their commands went out.
+        """
+        if len(pairs) <= 1:
+            return super().rename_each(pairs, timeout=timeout)
+        remote = [(self._remote(src), self._remote(dst)) for src, dst in pairs]
+        outcomes: builtins.list[TransportError | None] = [None] * len(pairs)
+        unsettled = set(range(len(pairs)))  # pairs whose outcome is not known yet
+        sent = [False]
+
+        def op(s: _Session, progress: Progress) -> None:
+            refusals: builtins.list[tuple[int, ftplib.Error]] = []
+            for start in range(0, len(pairs), RENAME_BATCH):
+                batch = range(start, min(start + RENAME_BATCH, len(pairs)))
+                s.sock.sendall("".join(f"RNFR {remote[i][0]}\r\nRNTO {remote[i][1]}\r\n"
+                                       for i in batch).encode(s.ftp.encoding))
+                progress.sent = sent[0] = True
+                for i in batch:
+                    # Refusals of this pair only, both replies read (the session is in step);
+                    # anything else fails the whole session (the rest: OutcomeUnknown below).
+                    try:
+                        refused = self._rename_replies(s, pairs[i][0])
+                    except SourceGone as exc:
+                        outcomes[i] = exc
+                    except (ftplib.error_perm, ftplib.error_temp) as exc:
+                        outcomes[i] = translate_ftp_reply(exc, server=self.server, path=pairs[i][0])
+                    else:
+                        if refused is not None:
+                            refusals.append((i, refused))
+                            continue
+                    unsettled.discard(i)
+            # Every reply read; the refused RNTOs (rare) are settled one by one.
+            for i, refused in refusals:
+                (src, dst), (rsrc, rdst) = pairs[i], remote[i]
+                try:
+                    self._settle_refusal(s, rsrc, rdst, src, dst, refused, progress)
+                except TransportError as exc:
+                    outcomes[i] = exc
+                except (ftplib.error_perm, ftplib.error_temp) as exc:
+                    outcomes[i] = translate_ftp_reply(exc, server=self.server, path=dst)
+                unsettled.discard(i)
+
+        try:
+            self._run(pairs[0][0], op, timeout=timeout, repeatable=False)
+        except TransportError as exc:
+            # Nothing sent: nothing renamed (exc says why).  Else what was not settled when the
+            # session failed may or may not have happened.
+            for i in unsettled:
+                outcomes[i] = exc if not sent[0] or isinstance(exc, OutcomeUnknown) else OutcomeUnknown(
+                    f"the session failed after the rename was sent ({exc})", server=self.server,
+                    path=pairs[i][0])
+        return outcomes
 
     def delete(self, path: str, *, timeout: float | None = None) -> None:
         remote = self._remote(path)
@@ -519,9 +576,13 @@ class FTPTransport(Transport):
         (no rename pending) and renames nothing.  Both replies are always read, so the session
         stays in step whatever happened.
         """
-        ftp = s.ftp
-        s.sock.sendall(f"RNFR {rsrc}\r\nRNTO {rdst}\r\n".encode(ftp.encoding))
+        s.sock.sendall(f"RNFR {rsrc}\r\nRNTO {rdst}\r\n".encode(s.ftp.encoding))
         progress.sent = True
+        return self._rename_replies(s, src)
+
+    def _rename_replies(self, s: _Session, src: str) -> ftplib.Error | None:
+        """Read the replies to one RNFR + RNTO sent (see :meth:`_rename_once`)."""
+        ftp = s.ftp
         first: str | ftplib.Error
         try:
             first = ftp.getresp()
@@ -546,6 +607,22 @@ class FTPTransport(Transport):
         if second is not None:
             raise second
         return None
+
+    def _settle_refusal(self, s: _Session, rsrc: str, rdst: str, src: str, dst: str, refused: ftplib.Error,
+                        progress: Progress) -> None:
+        """After a refused RNTO: SourceGone if the source went meanwhile (claimed by someone
+        else), the rename done after deleting a target the server would not replace, or the
+        refusal raised."""
+        if not self._exists(s, rsrc, src):
+            raise SourceGone("rename source is gone", server=self.server, path=src)
+        if self._exists(s, rdst, dst):
+            # A server that refuses to replace: the contract says replace, so delete first.
+            self._command(s, f"DELE {rdst}", dst, progress)
+            again = self._rename_once(s, rsrc, rdst, src, progress)
+            if again is None:
+                return
+            refused = again
+        raise translate_ftp_reply(refused, server=self.server, path=dst)
 
     def _exists(self, s: _Session, remote: str, path: str) -> bool:
         try:
@@ -758,7 +835,9 @@ class FTPTransport(Transport):
         for attempt in range(PASSIVE_RETRIES + 1):
             try:
                 if s.has("EPSV"):
-                    return ftplib.parse229(ftp.sendcmd("EPSV"), s.sock.getpeername())
+                    # parse229 takes the host from its second argument: the control
+                    # connection's peer, known since connect (no getpeername per transfer).
+                    return ftplib.parse229(ftp.sendcmd("EPSV"), (s.peer_host, 0))
                 _announced, port = ftplib.parse227(ftp.sendcmd("PASV"))
                 # A server behind NAT announces its private address; the control host works.
                 return s.peer_host, port
