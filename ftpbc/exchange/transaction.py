@@ -457,6 +457,17 @@ def recover_transactions(journal: Journal, inbound: Callable[[str], Lifecycle | 
     return actions
 
 
+def _remove_stage(m: Member, lc: Lifecycle) -> int:
+    """Delete member ``m``'s stage file; 1 if it was there, 0 if it was never made or is gone."""
+    if not m.out.stage:
+        return 0
+    try:
+        lc.transport.delete(m.out.stage)
+    except NotFound:
+        return 0
+    return 1
+
+
 def _roll_back(txj: EndpointJournal, op_id: str, members: list[Member],
                inbound: Callable[[str], Lifecycle | None]) -> str:
     """A transaction with a ``staging`` record and no commit: remove every stage it names (the
@@ -465,15 +476,7 @@ def _roll_back(txj: EndpointJournal, op_id: str, members: list[Member],
     missing = sorted({m.endpoint for m, lc in zip(members, lifecycles, strict=True) if lc is None})
     if missing:
         return f"skipped: endpoint {', '.join(missing)} not configured (left pending)"
-    removed = 0
-    for m, lc in zip(members, lifecycles, strict=True):
-        assert lc is not None
-        if m.out.stage:
-            try:
-                lc.transport.delete(m.out.stage)
-                removed += 1
-            except NotFound:
-                pass
+    removed = sum(_remove_stage(m, lc) for m, lc in zip(members, lifecycles, strict=True) if lc is not None)
     txj.end(op_id)
     return f"not committed: rolled back, {removed} of {len(members)} staged member(s) removed, none exposed"
 
@@ -552,12 +555,7 @@ def undo(txj: EndpointJournal, op_id: str, s: Settlement, members: list[Member],
     removed = 0
     for m in members:
         lc = lifecycle(m.endpoint)
-        if m.out.stage:
-            try:
-                lc.transport.delete(m.out.stage)
-                removed += 1
-            except NotFound:
-                pass
+        removed += _remove_stage(m, lc)
         if _pending(lc.journal, m.op_id):
             lc.journal.end(m.op_id)
     claim_lc = lifecycle(s.endpoint)
