@@ -800,7 +800,7 @@ class FTPTransport(Transport):
         """A data connection for ``command`` (STOR/RETR/LIST...), closed after the block."""
         ftp = s.ftp
         host, port = self._passive(s)
-        conn = socket.create_connection((host, port), ftp.timeout)
+        conn = _dial(s.sock.family, host, port, ftp.timeout)
         try:
             _nodelay(conn)
             ftp.putcmd(command)
@@ -912,6 +912,20 @@ class FTPTransport(Transport):
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _dial(family: int, host: str, port: int, timeout: float | None) -> socket.socket:
+    """A TCP connection to ``host`` (the control connection's numeric peer address, so of its
+    ``family``): no name lookup per transfer, where ``socket.create_connection`` makes one
+    (``getaddrinfo`` and an IDNA encoding) for every data connection."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _nodelay(sock: socket.socket | None) -> None:
