@@ -386,10 +386,10 @@ def copy_name(layout: AreaLayout, c: Candidate) -> str:
     return layout.with_delivery_count(c, 0)
 
 
-def fan_out(runtime: Runtime, topic: str, claimed: Claimed, body: BinaryIO,
+def fan_out(runtime: Runtime, topic: str, claimed: Claimed, body: bytes | BinaryIO,
             targets: Sequence[Target]) -> tuple[Transaction, list[str]]:
-    """Stage a copy of the claimed message ``claimed`` of ``topic`` (read into ``body``,
-    seekable) for every subscription of ``targets`` that accepts it, in one transaction that
+    """Stage a copy of the claimed message ``claimed`` of ``topic`` (read into ``body``: bytes,
+    or a seekable stream) for every subscription of ``targets`` that accepts it, in one transaction that
     settles the claim (archived, or deleted with ``archive: false``); return it uncommitted,
     with the names of the subscriptions it copies to.
 

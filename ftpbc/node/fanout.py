@@ -66,8 +66,15 @@ class FanOut(Provider):
         not_before = self._listed_at
         lc = self.lifecycle
         with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) as spool:
-            if not self._read(claimed, spool, started):  # type: ignore[arg-type]
+            size = self._read(claimed, spool, started)  # type: ignore[arg-type]
+            if size is None:
                 return False
+            # A message held in memory anyway goes out as bytes: every copy's upload then
+            # reads it without a copy per chunk; a larger one streams from its spool file.
+            body: bytes | BinaryIO = spool  # type: ignore[assignment]
+            if size <= SPOOL_IN_MEMORY:
+                spool.seek(0)
+                body = spool.read()
             try:
                 targets = self.registry.targets(not_before)
             except FtpbcError as exc:
@@ -82,7 +89,7 @@ class FanOut(Provider):
                 self._outcome(claimed, "returned", started)
                 return False
             try:
-                tx, names = fan_out(self.runtime, self.name, claimed, spool, targets)  # type: ignore[arg-type]
+                tx, names = fan_out(self.runtime, self.name, claimed, body, targets)
             except TransportError as exc:
                 # Nothing visible, the staged copies removed: the message goes back, counted as
                 # a delivery when the fault is the file's or the area's (a refusal), not the line's.
@@ -132,9 +139,9 @@ class FanOut(Provider):
             self._active[claimed.op_id] = (claimed, "finishing")
             return True
 
-    def _read(self, claimed: Claimed, spool: BinaryIO, started: float) -> bool:
-        """Read the claim into ``spool``; False if it could not be read (then dealt with as a
-        provider deals with it: filed, returned, or lost to another node)."""
+    def _read(self, claimed: Claimed, spool: BinaryIO, started: float) -> int | None:
+        """Read the claim into ``spool``; return its size, None if it could not be read (then
+        dealt with as a provider deals with it: filed, returned, or lost to another node)."""
         lc = self.lifecycle
         try:
             size = lc.read(claimed, spool)
@@ -144,19 +151,19 @@ class FanOut(Provider):
             log.warning("%s: %s cannot be fanned out: %s", self.name, claimed.name, outcome)
             self.stats.add(failed=1)
             self._outcome(claimed, "failed", started)
-            return False
+            return None
         except NotFound:
             lc.journal.end(claimed.op_id)  # our claim was returned by a node that thought us dead
             self.stats.add(lost_claims=1)
             self._outcome(claimed, "lost", started)
-            return False
+            return None
         except TransportError as exc:
             what = self._retry(functools.partial(lc.read_failed, claimed, exc))
             log.warning("%s: cannot read %s: %s; %s", self.name, claimed.name, exc, what)
             self._outcome(claimed, "returned", started)
-            return False
+            return None
         self.observer.received(size, claimed.candidate.mtime)
-        return True
+        return size
 
 
 def declare_subscriptions(registry: Registry, config: TopicConfig, owner: str) -> None:
