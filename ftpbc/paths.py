@@ -32,9 +32,12 @@ def normalize(path: str) -> str:
     ``..`` is refused rather than resolved: a path that climbs is never what a configuration
     or a message name should produce, and resolving it could leave the base directory.
     """
-    if _UNSAFE_IN_PATH.search(path) is not None:
+    # Substring tests before any regular expression: every remote command of every message
+    # passes here, and ``in`` on a short string costs a fraction of a regex search.
+    if "\0" in path or "\r" in path or "\n" in path:
         raise UnsafeNameError(f"path {path!r} contains a NUL or line break")
-    if path[:1] == "/" and _NOT_NORMAL.search(path) is None:
+    if (path[:1] == "/" and "//" not in path and (len(path) == 1 or path[-1] != "/")
+            and ("/." not in path or _NOT_NORMAL.search(path) is None)):
         return path  # already normal (the usual case): no split and join per call
     parts = [p for p in path.split("/") if p not in ("", ".")]
     if ".." in parts:
@@ -50,6 +53,5 @@ def join(directory: str, *names: str) -> str:
 
 
 _UNSAFE_IN_NAME = re.compile(r"[/\\\0\r\n]")
-_UNSAFE_IN_PATH = re.compile(r"[\0\r\n]")
 #: what makes an absolute path not normal: an empty, ``.`` or ``..`` segment, or a trailing slash
 _NOT_NORMAL = re.compile(r"//|/\.\.?(?:/|$)|./$")

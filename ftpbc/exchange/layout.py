@@ -487,8 +487,11 @@ class AreaLayout(Layout):
     def ensure_dir(self, transport: Transport, path: str) -> None:
         """Create the directory of a path outside this area (another endpoint's outstage or
         outbox, for a reply_to) once per process: this area's own are made by :meth:`prepare`."""
+        inside = self.area.repository.rstrip("/") + "/"
+        if path.startswith(inside) and "/" in path[len(inside):]:
+            return  # the directory is inside the area (path's own prefix says so: no dirname)
         directory = posixpath.dirname(path)
-        if directory.startswith(self.area.repository.rstrip("/") + "/") or directory in self._made:
+        if directory.startswith(inside) or directory in self._made:
             return
         transport.mkdir(directory)
         with self._lock:

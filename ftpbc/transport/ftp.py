@@ -120,6 +120,8 @@ class _Session:
 
     ftp: ftplib.FTP
     peer_host: str
+    #: the control connection's address family, which a data connection shares
+    family: int = socket.AF_INET
     features: set[str] = field(default_factory=set)
 
     @property
@@ -800,7 +802,7 @@ class FTPTransport(Transport):
         """A data connection for ``command`` (STOR/RETR/LIST...), closed after the block."""
         ftp = s.ftp
         host, port = self._passive(s)
-        conn = _dial(s.sock.family, host, port, ftp.timeout)
+        conn = _dial(s.family, host, port, ftp.timeout)
         try:
             _nodelay(conn)
             ftp.putcmd(command)
@@ -870,7 +872,7 @@ class FTPTransport(Transport):
                 if isinstance(ftp, ftplib.FTP_TLS):
                     ftp.prot_p()
                 assert ftp.sock is not None
-                session = _Session(ftp, peer_host=ftp.sock.getpeername()[0])
+                session = _Session(ftp, peer_host=ftp.sock.getpeername()[0], family=int(ftp.sock.family))
                 session.features = _features(ftp)
                 ftp.voidcmd("TYPE I")
                 if session.has("UTF8"):
