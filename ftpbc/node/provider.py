@@ -26,7 +26,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, TypeVar
@@ -43,6 +42,7 @@ from ftpbc.exchange.message import Message, result_bytes
 from ftpbc.faults import fail_point
 from ftpbc.metrics import NULL_OBSERVER, EndpointObserver
 from ftpbc.node.failure import DEFAULT_ERROR_REPLY, failure_reason
+from ftpbc.node.workers import Workers
 
 log = logging.getLogger("ftpbc.provider")
 
@@ -125,7 +125,7 @@ class Poller:
         # Twice the workers: ``workers`` threads handling messages, and up to as many more whose
         # message is handled and waits only for its record's fsync and its commit (see
         # _leave_slot); handlers never run more than ``workers`` at once.
-        self._pool = ThreadPoolExecutor(config.workers * 2, thread_name_prefix=f"ftpbc-{name}")
+        self._pool = Workers(config.workers * 2, f"ftpbc-{name}")
         self._thread: threading.Thread | None = None
         #: items claimed whose handling is not done (each holds a slot of _capacity)
         self._in_flight = 0
@@ -320,7 +320,7 @@ class Poller:
             with self._in_flight_cv:
                 while self._finishing() and time.monotonic() < deadline:
                     self._in_flight_cv.wait(0.1)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
         return clean
 
     def _hand_back(self) -> bool:
