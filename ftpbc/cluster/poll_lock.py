@@ -29,6 +29,9 @@ from typing import Protocol
 from ftpbc.cluster.heartbeat import is_dead
 from ftpbc.private_files import open_private, private_dir
 
+#: how long a dead-holder verdict stands, as a share of the lease (at most a second)
+HOLDER_RECHECK = 0.1
+
 log = logging.getLogger("ftpbc.locks")
 
 _thread_locks: dict[str, threading.Lock] = {}
@@ -135,6 +138,9 @@ class FileCrossLock:
         self._hfd_pid = 0
         self._hfd_finalizer: Callable[[], object] | None = None
         self._warned: str | None = None
+        #: the last dead-holder verdict, and until when it stands
+        self._verdict = False
+        self._verdict_until = float("-inf")
         # 0700 (and state_dir itself, when created here): a local user who could write the lock
         # or holder file could stall an endpoint or make a live holder look dead
         private_dir(self._path.parent)
@@ -224,11 +230,29 @@ class FileCrossLock:
         self._fd = self._hfd = None
 
     def _holder_is_dead(self) -> bool:
+        """Whether the lock's holder looks dead, judged at most once per HOLDER_RECHECK of the
+        lease: with several nodes polling one endpoint the lock is busy on most tries, and
+        reading the holder file and its heartbeat on each one cost a node's poller more than
+        its claims.  A holder dies over a lease, so a verdict a tenth of it old (at most a
+        second) changes nothing that matters; a bypass taken on a stale verdict is a poll
+        without the file lock, which the lock never guarded correctness against."""
         if self._holder is None or self._lease is None:
             return False
+        now = time.monotonic()
+        if now < self._verdict_until:
+            return self._verdict
+        self._verdict = self._judge_holder()
+        self._verdict_until = now + min(HOLDER_RECHECK * self._lease, 1.0)
+        return self._verdict
+
+    def _judge_holder(self) -> bool:
+        assert self._lease is not None
+        fd = self._holder_fd()
+        if fd is None:
+            return False
         try:
-            holder = self._holder_path.read_text(encoding="ascii").strip()
-        except OSError:
+            holder = os.pread(fd, 4096, 0).decode("ascii").strip()
+        except (OSError, UnicodeDecodeError):
             return False
         if not holder or holder == self._holder or not is_dead(self.state_dir, holder, self._lease):
             return False
