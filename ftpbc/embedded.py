@@ -7,7 +7,7 @@ Guarantees: the server listens on ``host:port`` (port 0 picks a free one; :attr:
 which) once :meth:`start` returns, serves from a background thread, and is gone (listening
 socket and every client connection closed, thread joined) once :meth:`stop` returns.  Passive
 data ports come from a window below 32768, because inside the kernel's ephemeral range a port
-held in TIME_WAIT makes passive binds fail (see MEASUREMENTS.md); if the whole window is busy
+held in TIME_WAIT makes passive binds fail (docs/servers.md); if the whole window is busy
 pyftpdlib falls back to a kernel-assigned port.  With ``certfile`` it is an FTPS server (explicit
 ``AUTH TLS``, or TLS from the first byte with ``implicit_tls=True``) that requires TLS on the
 control connection before login and on every data connection (``PROT P``).  The user may do what

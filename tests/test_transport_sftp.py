@@ -269,7 +269,8 @@ def test_a_request_sent_but_never_answered_is_outcome_unknown(sshd_server: Serve
 
 
 def test_sockets_have_nagle_disabled(sshd_server: ServerHandle) -> None:
-    # Nagle's algorithm made 1 MiB gets 6x and large listings 4x slower (MEASUREMENTS.md).
+    # With Nagle's algorithm on, the small SFTP requests wait for delayed acknowledgements:
+    # large gets and listings were several times slower.
     with SFTPTransport(sshd_server.config()) as t:
         t.list("/")
         session = t._pool.acquire()  # white box: the option is invisible through the interface

@@ -41,7 +41,7 @@ PAM_DIR = Path("/etc/pam.d")
 PAM_SERVICE = ("auth required pam_unix.so nodelay\n"
                "account required pam_unix.so\n"
                "session required pam_permit.so\n")
-#: passive data ports: below the kernel's ephemeral range (see MEASUREMENTS.md)
+#: passive data ports: below the kernel's ephemeral range (docs/servers.md)
 PASV_PORTS = (27000, 27999)
 
 
