@@ -13,6 +13,7 @@ import os
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,7 @@ def _run(node: Node, seen: Seen, things: list[Any]) -> Provider:
     return provider
 
 
-def _claims_in_order(provider: Provider) -> Any:
+def _claims_in_order(provider: Provider) -> Callable[[], list[tuple[str, int, int]]]:
     """Record every claim ``provider`` makes from now on, in the order its poller makes them:
     (name, priority, complete passes its lister had made by then).  The claims are the real
     ones, made by the lifecycle's own method; this only watches what it returns."""

@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ftpbc.config.models import Config
-from ftpbc.errors import FtpbcError, ProtocolError
+from ftpbc.errors import FtpbcError, ProtocolError, UnsafeNameError
 from ftpbc.exchange.envelope import DropboxmqCodec, Envelope, FtpbcCodec
 from ftpbc.exchange.layout import AreaLayout
-from ftpbc.paths import check_name
+from ftpbc.paths import check_name, normalize
 from ftpbc.transport.base import Entry
 from ftpbc.transport.ftp import _parse_list_line, _parse_listing, _parse_mlsx
 
@@ -190,3 +190,32 @@ def test_a_listing_of_any_names_never_stops_an_endpoints_poll(
         assert c.name in listed
         check_name(c.name)
         c.name.encode("utf-8")
+
+
+# --------------------------------------------------------------------------- paths
+
+path_parts = st.sampled_from(["", ".", "..", "a", ".a", "a.", "..a", "b c", "\n", "\r", "\x00", "é"])
+
+
+def _normalized(path: str) -> str:
+    """What normalize promises, written the slow way (no shortcut for paths already normal)."""
+    if any(ch in path for ch in "\0\r\n"):
+        raise UnsafeNameError(path)
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise UnsafeNameError(path)
+    return "/" + "/".join(parts)
+
+
+@FUZZ
+@given(st.lists(path_parts, max_size=6), st.booleans(), st.booleans())
+def test_normalize_takes_its_shortcut_only_for_paths_already_normal(parts: list[str], absolute: bool,
+                                                                    trailing: bool) -> None:
+    path = ("/" if absolute else "") + "/".join(parts) + ("/" if trailing else "")
+    try:
+        expected = _normalized(path)
+    except UnsafeNameError:
+        with pytest.raises(UnsafeNameError):
+            normalize(path)
+        return
+    assert normalize(path) == expected

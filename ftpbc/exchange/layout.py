@@ -343,6 +343,8 @@ class AreaLayout(Layout):
         self.config = config
         self.direction = direction
         self.area = area or ExchangeArea(config.repository)
+        #: the prefix of every path inside this area (ensure_dir's test, once per upload)
+        self._inside = self.area.repository.rstrip("/") + "/"
         self.request_pattern = Pattern.parse(config.request_prefix + config.message_name)
         self.oneway_pattern = Pattern.parse(config.oneway_prefix + config.message_name)
         self.codec: NameCodec = codec_for(
@@ -487,11 +489,11 @@ class AreaLayout(Layout):
     def ensure_dir(self, transport: Transport, path: str) -> None:
         """Create the directory of a path outside this area (another endpoint's outstage or
         outbox, for a reply_to) once per process: this area's own are made by :meth:`prepare`."""
-        inside = self.area.repository.rstrip("/") + "/"
+        inside = self._inside
         if path.startswith(inside) and "/" in path[len(inside):]:
-            return  # the directory is inside the area (path's own prefix says so: no dirname)
+            return  # its directory is inside the area: the path's prefix says so, no dirname
         directory = posixpath.dirname(path)
-        if directory.startswith(inside) or directory in self._made:
+        if directory in self._made:
             return
         transport.mkdir(directory)
         with self._lock:

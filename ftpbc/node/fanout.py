@@ -71,10 +71,12 @@ class FanOut(Provider):
                 return False
             # A message held in memory anyway goes out as bytes: every copy's upload then
             # reads it without a copy per chunk; a larger one streams from its spool file.
-            body: bytes | BinaryIO = spool  # type: ignore[assignment]
+            body: bytes | BinaryIO
             if size <= SPOOL_IN_MEMORY:
                 spool.seek(0)
                 body = spool.read()
+            else:
+                body = spool  # type: ignore[assignment]  # a SpooledTemporaryFile is a binary file
             try:
                 targets = self.registry.targets(not_before)
             except FtpbcError as exc:
