@@ -9,11 +9,13 @@ the whole file runs in a few seconds.
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import quote, unquote
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,6 +25,7 @@ from ftpbc.config.models import Config
 from ftpbc.errors import FtpbcError, ProtocolError, UnsafeNameError
 from ftpbc.exchange.envelope import DropboxmqCodec, Envelope, FtpbcCodec
 from ftpbc.exchange.layout import AreaLayout
+from ftpbc.journal.store import _SAFE, _quote
 from ftpbc.paths import check_name, normalize
 from ftpbc.transport.base import Entry
 from ftpbc.transport.ftp import _parse_list_line, _parse_listing, _parse_mlsx
@@ -219,3 +222,20 @@ def test_normalize_takes_its_shortcut_only_for_paths_already_normal(parts: list[
             normalize(path)
         return
     assert normalize(path) == expected
+
+
+#: journal values: paths, names with headers, JSON, base64 bodies, and anything else
+journal_values = st.one_of(
+    any_text,
+    st.text(st.sampled_from('ab09/:.-_~@%;="{}[],+ \n\té'), max_size=80),
+    st.binary(max_size=200).map(lambda b: base64.b64encode(b).decode("ascii")),
+)
+
+
+@FUZZ
+@given(journal_values)
+def test_a_journal_value_is_escaped_exactly_as_quote_escapes_it(value: str) -> None:
+    # The journal's shortcuts (a plain value as it is, the common escapes by str.replace) must
+    # write the very text quote() writes: older records and tools read it with unquote().
+    assert _quote(value) == quote(value, safe=_SAFE)
+    assert unquote(_quote(value)) == value
