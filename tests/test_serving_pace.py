@@ -1,8 +1,9 @@
 """One node at the floor's pace (issue 17): what keeps a serving node's workers busy.
 
-* A handled message waits for its ``served`` record's fsync and its commit without holding its
-  worker's slot: the next claim is handled meanwhile, while handlers still never run more than
-  ``workers`` at once, and nothing is committed before its record is durable.
+* A handled message whose ``served`` record's fsync and commit take long (a slow disk) waits
+  for them without holding its worker's slot (after ``LEAVE_SLOT_AFTER``): the next claim is
+  handled meanwhile, while handlers still never run more than ``workers`` at once, and nothing
+  is committed before its record is durable.
 * One fsync covers every record written before it began (the journal's group commit), also
   records written without waiting (``record_many(durable=False)``, then ``wait_durable``).
 """
