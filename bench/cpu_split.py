@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Where a request's CPU goes: the client process, the serving node and the server, per request.
+
+    python3 bench/cpu_split.py --servers vsftpd --runs 5
+
+Runs the quick set's request/response row (8 client threads, ``--nodes`` nodes, 4 s) for
+ftpbc and for its floor alternately, each in a fresh process as bench/run.py does, while a
+sampler reads every process's CPU time from /proc ten times a second.  For each run it prints
+the milliseconds of CPU (user and system apart) that each party spent per request over the
+steady part of the run (the node's first second and the last 0.3 s left out):
+
+* ``client``: the side process (ftpbc's Client or the floor's client threads, all in one);
+* ``node``: the serving node processes (forked by the side);
+* ``server``: the FTP server's processes (vsftpd's sessions; pyftpdlib's one process);
+* ``kernel``: kernel threads (writeback, journal commits, softirq), whoever caused them.
+
+On a machine the run saturates, the rate is what the CPU per request allows, so these figures
+say which party to make cheaper; the medians over ``--runs`` runs a side come last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH), str(BENCH.parent)]
+
+from run import Variant, run_side, variants  # noqa: E402
+from servers import running  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+#: the start of a run left out (the node's connections and first listings), and its end
+SETTLE_S, TAIL_S = 1.0, 0.3
+KERNEL_THREADS = ("jbd2", "kworker", "ksoftirqd", "rcu")
+
+
+def _processes() -> dict[int, tuple[str, int, int, int]]:
+    """pid -> (command, parent pid, user ticks, system ticks) of every process now."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        command = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(entry)] = (command, int(fields[1]), int(fields[11]), int(fields[12]))
+    return out
+
+
+def _party(pid: int, procs: dict[int, tuple[str, int, int, int]], server_pid: int) -> str | None:
+    command, parent = procs[pid][0], procs[pid][1]
+    if pid == server_pid or parent == server_pid or (command.startswith("vsftpd") and parent != 0):
+        return "server"
+    if parent == os.getpid():
+        return "client"  # the side process (bench/side.py)
+    if parent in procs and procs[parent][1] == os.getpid():
+        return "node"  # forked by the side
+    if command.startswith(KERNEL_THREADS):
+        return "kernel"
+    return None
+
+
+def _ticks(server_pid: int) -> Counter[str]:
+    procs = _processes()
+    totals: Counter[str] = Counter()
+    for pid, (_, _, user, system) in procs.items():
+        party = _party(pid, procs, server_pid)
+        if party is not None:
+            totals[f"{party} user"] += user
+            totals[f"{party} sys"] += system
+    return totals
+
+
+def measure(side: str, v: Variant, target: dict[str, Any], workdir: Path) -> tuple[float, dict[str, float]]:
+    """One run of ``side``: its rate and the CPU ms per request of each party, steady part only."""
+    samples: list[tuple[float, Counter[str]]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.1):
+            samples.append((time.monotonic(), _ticks(target["pid"])))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = run_side(side, v, target, workdir, getattr(v, side))
+    finally:
+        done.set()
+        sampler.join()
+    serving = [(t, c) for t, c in samples if c["node user"] + c["node sys"] > 0]
+    if len(serving) < 2:
+        raise RuntimeError("no node process was seen: is this machine's /proc readable?")
+    begin, end = serving[0][0] + SETTLE_S, serving[-1][0] - TAIL_S
+    steady = [(t, c) for t, c in serving if begin <= t <= end]
+    (t0, first), (t1, last) = steady[0], steady[-1]
+    requests = result["rate"] * (t1 - t0)
+    split = {k: (last[k] - first[k]) / TICK * 1000 / requests for k in last}
+    split["total"] = sum(split.values())
+    return result["rate"], split
+
+
+def _line(split: dict[str, float]) -> str:
+    keys = [f"{party} {kind}" for party in ("client", "node", "server", "kernel") for kind in ("user", "sys")]
+    return "  ".join(f"{k} {split.get(k, 0.0):.2f}" for k in [*keys, "total"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--servers", default="vsftpd", help="vsftpd and/or pyftpdlib")
+    parser.add_argument("--runs", type=int, default=5, help="runs a side, alternating")
+    parser.add_argument("--nodes", type=int, default=1, choices=(1, 2, 4))
+    args = parser.parse_args()
+    row = next(v for v in variants(True, args.runs) if v.fn == "reqresp" and v.ftpbc.get("clients") == 8
+               and v.ftpbc.get("nodes") == args.nodes)
+    for p in (row.ftpbc, row.floor):
+        p["seconds"] = 4.0
+    kinds = args.servers.split(",")
+    workdir = Path(tempfile.mkdtemp(prefix="ftpbc-cpu-"))
+    with running(kinds, workdir) as targets:
+        for kind in kinds:
+            runs: dict[str, list[tuple[float, dict[str, float]]]] = {"ftpbc": [], "floor": []}
+            for i in range(args.runs):
+                for side in ("ftpbc", "floor") if i % 2 == 0 else ("floor", "ftpbc"):
+                    rate, split = measure(side, row, targets[kind], workdir)
+                    runs[side].append((rate, split))
+                    print(f"{kind} {side:5} {rate:5.0f} req/s  {_line(split)}", flush=True)
+            print(f"\n{kind}, {args.nodes} node(s): medians of {args.runs} runs, CPU ms per request")
+            for side, results in runs.items():
+                medians = {k: statistics.median(s.get(k, 0.0) for _, s in results) for k in results[0][1]}
+                print(f"  {side:5} {statistics.median(r for r, _ in results):5.0f} req/s  {_line(medians)}")
+
+
+if __name__ == "__main__":
+    main()
