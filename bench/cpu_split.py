@@ -59,9 +59,20 @@ def _processes() -> dict[int, tuple[str, int, int, int]]:
     return out
 
 
+def _descends(pid: int, ancestor: int, procs: dict[int, tuple[str, int, int, int]]) -> bool:
+    """Whether ``pid`` is ``ancestor`` or below it (vsftpd: listener, session, its helper)."""
+    for _ in range(4):
+        if pid == ancestor:
+            return True
+        if pid not in procs:
+            return False
+        pid = procs[pid][1]
+    return False
+
+
 def _party(pid: int, procs: dict[int, tuple[str, int, int, int]], server_pid: int) -> str | None:
     command, parent = procs[pid][0], procs[pid][1]
-    if pid == server_pid or parent == server_pid or (command.startswith("vsftpd") and parent != 0):
+    if _descends(pid, server_pid, procs):
         return "server"
     if parent == os.getpid():
         return "client"  # the side process (bench/side.py)
