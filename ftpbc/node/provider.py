@@ -303,11 +303,10 @@ class Poller:
         ``workers`` items wait like this, so the pool's ``2 x workers`` threads always suffice
         and no claimed item ever queues.
 
-        Not at once, nor unasked: a slot given up as soon as the record was written sent the
-        next claim to another thread while this one committed, so a node answering a few
-        callers (request/response, 8 callers, 5 workers) ran up to twice as many threads as
-        messages, all contending for the GIL, for commits that took a few milliseconds: it
-        served 7-15 % fewer requests for 20 % more CPU a request than keeping it.
+        Not at once, nor unasked: a slot given up as soon as the record was written sends the
+        next claim to another thread while this one commits, so a node answering a few callers
+        runs up to twice as many threads as messages, all contending for the GIL, for commits
+        that take a few milliseconds (docs/benchmarks.md, "Fourth pass").
         A no-op outside a dispatched job (a message read in place is served on the poller's
         own thread, holding no slot).
         """
