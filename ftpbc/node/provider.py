@@ -134,12 +134,11 @@ class Poller:
         self._thread: threading.Thread | None = None
         #: items claimed whose handling is not done (each holds a slot of _capacity)
         self._in_flight = 0
-        #: items handled that wait for their fsync and commit on a thread of their own, their
-        #: slot taken by the poller (see _leave_slot)
-        self._committing = 0
         #: of _in_flight, items handled that still hold their slot: job token -> since when
-        #: (see _leave_slot); _taken: the tokens of those whose slot the poller took
+        #: (see _leave_slot)
         self._leavable: dict[object, float] = {}
+        #: items handled whose slot the poller took: they wait for their fsync and commit on a
+        #: thread of their own, outside _in_flight (job tokens)
         self._taken: set[object] = set()
         #: the poller waits for a free slot (see _free_slots)
         self._slot_wanted = False
@@ -224,7 +223,7 @@ class Poller:
     @property
     def in_flight(self) -> int:
         """Items claimed and not finished yet (being handled, or handled and being committed)."""
-        return self._in_flight + self._committing
+        return self._in_flight + len(self._taken)
 
     def _free_slots(self) -> int:
         """How many items to claim now; waits until at least ``_refill_at`` are free."""
@@ -255,7 +254,6 @@ class Poller:
             del self._leavable[token]
             self._taken.add(token)
             self._in_flight -= 1
-            self._committing += 1
         return 0
 
     def _dispatch(self, job: Callable[[], object], what: str) -> None:
@@ -274,7 +272,6 @@ class Poller:
             with self._in_flight_cv:
                 if token in self._taken:
                     self._taken.discard(token)
-                    self._committing -= 1
                 else:
                     self._leavable.pop(token, None)
                     self._in_flight -= 1
@@ -349,14 +346,14 @@ class Poller:
         if self._thread is not None:
             self._thread.join(timeout=max(drain_timeout, 1.0))
         with self._in_flight_cv:
-            busy = self._in_flight + self._committing
+            busy = self.in_flight
         if busy:
             log.info("%s: draining %d in-flight message(s), up to %g s", self.name, busy, drain_timeout)
         deadline = time.monotonic() + drain_timeout
         with self._in_flight_cv:
-            while self._in_flight + self._committing > 0 and time.monotonic() < deadline:
+            while self.in_flight > 0 and time.monotonic() < deadline:
                 self._in_flight_cv.wait(min(0.1, max(deadline - time.monotonic(), 0.001)))
-            drained = self._in_flight + self._committing == 0
+            drained = self.in_flight == 0
         clean = drained or self._hand_back()
         if not drained:
             # Results being delivered get a short grace; handlers still running are abandoned
