@@ -101,6 +101,43 @@ def test_listing_a_missing_directory_is_not_found(server: ServerHandle, t: Trans
     assert "absent" in str(err.value)
 
 
+def _scanned(t: Transport, path: str) -> list[tuple[str, int, bool]]:
+    seen: list[tuple[str, int, bool]] = []
+    assert t.scan(path, lambda e: seen.append((e.name, e.size, e.is_dir)) is None) is True
+    return sorted(seen)
+
+
+@pytest.mark.parametrize("leaf", ["plain", "with space", "-dash"])
+def test_a_scan_sees_what_a_listing_sees(server: ServerHandle, t: Transport, leaf: str) -> None:
+    # vsftpd's LIST goes by path where the path is plain, and from the working directory
+    # otherwise: both must give the directory's entries, no "." or "..", nothing more.
+    d = f"{server.fresh_dir()}/{leaf}"
+    t.mkdir(f"{d}/sub")
+    put_bytes(t, f"{d}/a.msg", b"12345")
+    put_bytes(t, f"{d}/-b", b"")
+    put_bytes(t, f"{d}/.hidden", b"x")
+
+    assert _scanned(t, d) == [("-b", 0, False), (".hidden", 1, False), ("a.msg", 5, False),
+                              ("sub", _scanned_dir_size(t, d), True)]
+    assert _scanned(t, f"{d}/sub") == []
+
+
+def _scanned_dir_size(t: Transport, d: str) -> int:
+    # A directory's size is whatever the server says; the listing is the reference.
+    return next(e.size for e in t.list(d) if e.name == "sub")
+
+
+def test_scanning_a_missing_directory_is_not_found(server: ServerHandle, t: Transport) -> None:
+    # vsftpd answers a LIST of a missing path with an empty listing and 226: that must not
+    # pass for an empty directory.
+    d = server.fresh_dir()
+    seen: list[str] = []
+    with pytest.raises(NotFound) as err:
+        t.scan(f"{d}/absent", lambda e: seen.append(e.name) is None)
+    assert "absent" in str(err.value)
+    assert seen == []
+
+
 def test_listing_reports_size_and_a_recent_mtime(server: ServerHandle, t: Transport) -> None:
     d = server.fresh_dir()
     put_bytes(t, f"{d}/f", b"12345")

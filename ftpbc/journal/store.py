@@ -348,10 +348,13 @@ class EndpointJournal:
             seq = self._written
             for op_id, event, fields in records:
                 self._apply(op_id, event, dict(fields))
+            # Only a batch that ended operations can leave nothing pending or make compaction
+            # due; any other skips the two locks below (every record of every message).
+            due = not self._pending or self._ended_since_compaction >= COMPACT_EVERY
         if durable and self.durable:
             self._sync_through(seq)
         # Compaction is housekeeping: skip it while an fsync runs rather than wait for it.
-        if self._sync_lock.acquire(blocking=False):
+        if due and self._sync_lock.acquire(blocking=False):
             try:
                 with self._lock:
                     self._maybe_compact()
@@ -390,7 +393,8 @@ class EndpointJournal:
         with self._lock:
             op = self._pending.get(op_id)
             side_file = op.fields.get("body_file") if op is not None else None
-        if not self._end_last(op_id):
+            alone = op is not None and len(self._pending) == 1
+        if not (alone and self._end_last(op_id)):
             self.record(op_id, "end")
         if side_file:
             # Only large results have a side file: no unlink attempt per message otherwise.

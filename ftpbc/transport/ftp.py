@@ -12,8 +12,11 @@ reply naming another address than the control connection's peer (a server behind
 announcing its private address) is ignored in favour of the control host.
 
 Listings use ``MLSD`` when the server advertises it (exact sizes, mtimes to the second) and
-``CWD`` + ``LIST -a`` otherwise (vsftpd): unix-style lines are parsed for size, type and an
-mtime to the minute (to the day for entries older than six months, as ``ls`` prints them).
+``LIST -a`` otherwise (vsftpd): unix-style lines are parsed for size, type and an mtime to the
+minute (to the day for entries older than six months, as ``ls`` prints them).  A streamed
+listing (``scan``) names a plain path in the command, one round trip instead of two; its ``.``
+line is what proves the directory exists (vsftpd lists a missing one as empty, with ``226``),
+and without one a ``CWD`` decides.  Other listings go from the directory as working directory.
 ``stat`` uses ``MLST`` where available, else ``SIZE`` + ``MDTM`` (and ``CWD`` for directories).
 
 Closing a session sends ``QUIT`` (over TLS, then a close_notify) unless the server has closed
@@ -105,6 +108,9 @@ PASSIVE_RETRIES = 3
 RENAME_BATCH = 32
 #: how long closing a session waits for the reply to QUIT, and for the server's close_notify
 QUIT_TIMEOUT = 0.5
+#: remote directories listed by ``LIST -a <path>`` rather than ``CWD`` + ``LIST -a``: those no
+#: server would glob or split at a space (other paths are listed from their working directory)
+_LISTABLE_BY_PATH = re.compile(r"/[A-Za-z0-9._/-]*")
 _TCP_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
 
@@ -370,10 +376,25 @@ class FTPTransport(Transport):
                     if str(exc)[:3] in ("501", "550", "450"):
                         raise NotFound(f"no such directory: {exc}", server=self.server, path=path) from None
                     raise
-            self._cwd(s, remote)
+            if not _LISTABLE_BY_PATH.fullmatch(remote):
+                self._cwd(s, remote)
+                now = datetime.now(UTC)
+                return self._stream(s, "LIST -a", path, lambda ln: self._parsed.list_line(ln, now), counted,
+                                    label="LIST")
             now = datetime.now(UTC)
-            return self._stream(s, "LIST -a", path, lambda ln: self._parsed.list_line(ln, now), counted,
-                                label="LIST")
+            dot = [False]
+
+            def parse(line: str) -> Entry | None:
+                if line[:1] == "d" and line[-2:] == " .":
+                    dot[0] = True
+                return self._parsed.list_line(line, now)
+
+            done = self._stream(s, f"LIST -a {remote}", path, parse, counted, label="LIST")
+            if done and not dot[0]:
+                # No "." line: a missing directory (vsftpd lists it as empty), a file, or a
+                # server that does not show dot entries; CWD tells them apart.
+                self._cwd(s, remote)
+            return done
 
         # Repeated after a lost connection only while nothing was visited (no duplicates then).
         return self._run(path, op, timeout=timeout, repeatable=lambda: visited[0] == 0)
