@@ -138,6 +138,44 @@ def test_scanning_a_missing_directory_is_not_found(server: ServerHandle, t: Tran
     assert seen == []
 
 
+def test_a_scan_follows_a_directory_that_grows_past_what_one_reply_holds(server: ServerHandle,
+                                                                        t: Transport) -> None:
+    # Where a small directory is listed on the control connection (vsftpd: STAT), a listing
+    # that outgrew one reply must still come whole, then and after.
+    d = server.fresh_dir()
+    put_bytes(t, f"{d}/first.msg", b"1")
+    assert _scanned(t, d) == [("first.msg", 1, False)]
+    local = server.local(d)
+    names = [f"{i:04d}-{'x' * 100}.msg" for i in range(1_500)]
+    for name in names:
+        (local / name).write_bytes(b"")
+    expected = sorted([("first.msg", 1, False)] + [(n, 0, False) for n in names])
+
+    assert _scanned(t, d) == expected
+    assert _scanned(t, d) == expected
+    for name in names[2:]:
+        (local / name).unlink()
+    assert _scanned(t, d) == sorted([("first.msg", 1, False)] + [(n, 0, False) for n in names[:2]])
+
+
+def test_a_name_with_a_line_break_does_not_cost_a_scan_the_rest(server: ServerHandle, t: Transport) -> None:
+    # A partner's file (made by SFTP or on the disk) whose name holds "\n213 ": on a control
+    # connection it would read as the end of a status reply.
+    d = server.fresh_dir()
+    odd = "odd\n213 End of status\nx"
+    put_bytes(t, f"{d}/ok.msg", b"12")
+    (server.local(d) / odd).write_bytes(b"")
+    put_bytes(t, f"{d}/zz.msg", b"3")
+
+    for _ in range(2):
+        # SFTP and local directories report the odd name as it is; FTP servers print it over
+        # three lines, of which the first reads as a file "odd" (whose claim would find
+        # nothing) and the others are skipped.  Nothing else is in or out.
+        assert {name for name, _, _ in _scanned(t, d)} - {odd, "odd"} == {"ok.msg", "zz.msg"}
+    put_bytes(t, f"{d}/after.msg", b"")  # the session went on in step
+    assert {name for name, _, _ in _scanned(t, d)} - {odd, "odd"} == {"ok.msg", "zz.msg", "after.msg"}
+
+
 def test_listing_reports_size_and_a_recent_mtime(server: ServerHandle, t: Transport) -> None:
     d = server.fresh_dir()
     put_bytes(t, f"{d}/f", b"12345")

@@ -343,3 +343,26 @@ def test_list_lines_in_unknown_formats_are_refused_not_skipped(line: str) -> Non
     with pytest.raises(ValueError, match="unix-style"):
         _parse_list_line(line, NOW)
 
+
+
+def test_vsftpd_lists_a_small_directory_on_the_control_connection(vsftpd_server: ServerHandle) -> None:
+    # vsftpd has no MLSD: a streamed listing there is STAT -a <dir> (no data connection) while
+    # the directory is small, LIST once it is not; both must give the same entries.
+    d = vsftpd_server.fresh_dir()
+    local = vsftpd_server.local(d)
+    for i in range(3):
+        (local / f"m{i}.msg").write_bytes(b"x" * i)
+    with open_transport(vsftpd_server.config()) as t:
+        assert isinstance(t, FTPTransport)
+        seen: list[tuple[str, int]] = []
+        assert t.scan(d, lambda e: seen.append((e.name, e.size)) is None)
+        assert sorted(seen) == [("m0.msg", 0), ("m1.msg", 1), ("m2.msg", 2)]
+        assert t.stat_lists is True
+        sessions = t.pool.connects  # the session stays in step: no reconnection below
+        for i in range(3, 300):
+            (local / f"m{i}.msg").write_bytes(b"")
+        seen.clear()
+        assert t.scan(d, lambda e: seen.append((e.name, e.size)) is None)
+        assert len(seen) == 300
+        assert t.stat_lists is True  # a large directory goes by LIST, STAT stays for small ones
+        assert t.pool.connects == sessions
