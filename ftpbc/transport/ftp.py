@@ -322,7 +322,7 @@ class FTPTransport(Transport):
         #: until it is asked
         self.stat_lists: bool | None = None
         #: directories whose last listing had more than STAT_MAX_ENTRIES lines: listed by LIST
-        self._large_dirs: dict[str, int] = {}
+        self._large_dirs: set[str] = set()
         self._pool: Pool[_Session] = Pool(connect=self._connect, check=self._healthy, close=_close,
                                           size=cfg.pool_size, server=self.server,
                                           default_timeout=cfg.timeout)
@@ -405,8 +405,7 @@ class FTPTransport(Transport):
 
             def parse(line: str) -> Entry | None:
                 lines[0] += 1
-                if line[:1] == "d" and line[-2:] == " .":
-                    dot[0] = True
+                dot[0] = dot[0] or _is_dot_line(line)
                 return self._parsed.list_line(line, now)
 
             done = self._stream(s, f"LIST -a {remote}", path, parse, counted, label="LIST")
@@ -741,7 +740,7 @@ class FTPTransport(Transport):
 
     def _stat_scan(self, s: _Session, remote: str, path: str, now: datetime, visit: Visit) -> bool | None:
         """List directory ``remote`` by ``STAT -a <dir>``: its lines come on the control connection,
-        where LIST costs a data connection (on vsftpd, a third of the server's work per listing).
+        where LIST costs a data connection (a TCP handshake and close on both sides, per poll).
 
         None when this answer cannot be taken for the directory's listing: no ``.`` line (a
         missing directory: vsftpd answers it with an empty status; or a server whose STAT does
@@ -778,7 +777,7 @@ class FTPTransport(Transport):
             raise ConnectionLost("a STAT listing ended before its end; listed again by LIST",
                                  server=self.server, path=path)
         body = [raw[:-1] for raw in lines[1:-1]]
-        if not any(raw[:1] == b"d" and raw[-2:] == b" ." for raw in body):
+        if not any(_is_dot_line(raw) for raw in body):
             return None
         self.stat_lists = True
         self._note_size(remote, len(body))
@@ -798,9 +797,9 @@ class FTPTransport(Transport):
         if lines > STAT_MAX_ENTRIES:
             if len(self._large_dirs) >= PARSED_LINES:
                 self._large_dirs.clear()  # a bound; forgetting only costs one oversized STAT
-            self._large_dirs[remote] = lines
-        elif self._large_dirs:
-            self._large_dirs.pop(remote, None)
+            self._large_dirs.add(remote)
+        else:
+            self._large_dirs.discard(remote)
 
     def _cwd(self, s: _Session, remote: str) -> None:
         # Never cached: a directory removed and re-created under the same name would otherwise
@@ -1114,6 +1113,12 @@ def _tls_session(s: _Session) -> ssl.SSLSession | None:
     # Reusing the control connection's TLS session is required by vsftpd (require_ssl_reuse).
     sock = s.ftp.sock
     return sock.session if isinstance(sock, ssl.SSLSocket) else None
+
+
+def _is_dot_line(line: str | bytes) -> bool:
+    """Whether a unix-style listing line is the listed directory's own ``.`` entry: the proof,
+    in a LIST or STAT answer, that the directory exists (vsftpd lists a missing one as empty)."""
+    return line[:1] in ("d", b"d") and line[-2:] in (" .", b" .")
 
 
 def _has_unread(sock: socket.socket) -> bool:
