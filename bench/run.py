@@ -76,8 +76,11 @@ def variants(quick: bool, repeats: int | None) -> list[Variant]:
     ]
     for n in (1, 2, 4):
         p = {"nodes": n, "clients": 8, "seconds": 2.0 if q else 8.0, "warmup": 0.5}
+        # One node is the row issue 17 holds to 0.9 of the floor.  On a 2-CPU machine one run's
+        # rate spreads about 10 % for either side, so the full set takes five pairs of it.
         out.append(Variant("reqresp", f"request/response, {n} node(s), 8 client threads (req/s)",
-                           "reqresp", p, p, ["rate", "p50_ms"], "ratio>=0.75", reps(2, 3)))
+                           "reqresp", p, p, ["rate", "p50_ms"], "ratio>=0.9" if n == 1 else "ratio>=0.75",
+                           reps(2, 5) if n == 1 else reps(2, 3)))
     for interval, count in ((0.05, 40 if q else 300), (1.0, 5 if q else 40)):
         p = {"nodes": 1, "clients": 1, "requests": count, "poll_interval": interval, "warmup": 0.3}
         out.append(Variant("latency", f"latency, 1 outstanding, poll_interval {interval:g} s (ms)",
@@ -185,6 +188,13 @@ def run_side(side: str, v: Variant, target: Target, workdir: Path, params: dict[
 def med(runs: list[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in runs if isinstance(r.get(key), int | float)]
     return statistics.median(values) if values else None
+
+
+def pair_ratios(v: Variant, ours: list[dict[str, Any]], base: list[dict[str, Any]]) -> list[float]:
+    """Per round (one run a side, back to back), ftpbc's first metric over the peer's."""
+    first = v.metrics[0]
+    return [a[first] / b[first] for a, b in zip(ours, base, strict=False)
+            if isinstance(a.get(first), int | float) and isinstance(b.get(first), int | float) and b[first]]
 
 
 def verdict(v: Variant, ours: dict[str, float | None],
@@ -475,8 +485,14 @@ def _measure_pinned(v: Variant, kind: str, target: Target, workdir: Path) -> dic
     m_ours = {k: med(ours, k) for k in keys}
     m_base = {k: med(base, k) for k in keys}
     text, ok = verdict(v, m_ours, m_base)
+    pairs = pair_ratios(v, ours, base)
+    if len(pairs) >= 2 and v.target.startswith("ratio"):
+        # The median's ratio is the verdict; the rounds' own ratios show how far one run can be
+        # trusted on this machine.
+        text += f", rounds {min(pairs):.2f}-{max(pairs):.2f}"
     row = {"case": v.case, "label": v.label, "server": kind, "peer": v.peer, "metrics": v.metrics,
            "target": v.target, "ftpbc": m_ours, "floor": m_base, "result": text, "met": ok,
+           "round_ratios": [round(x, 3) for x in pairs],
            "seconds": round(time.monotonic() - began, 1), "runs": {"ftpbc": ours, v.peer: base}}
     print(f"  {kind:<9} {v.label:<66} {' / '.join(fmt(m_ours.get(k)) for k in v.metrics):>24} vs "
           f"{' / '.join(fmt(m_base.get(k)) for k in v.metrics):<24} {text} "
