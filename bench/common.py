@@ -460,6 +460,11 @@ def consumed(handled: Callable[[], int], began: float, p: dict[str, Any],
     return count, elapsed
 
 
+#: the last measured window of this process (time.monotonic(), which is the system's
+#: CLOCK_MONOTONIC: comparable across processes), reported by bench/side.py as ``window``
+WINDOW: list[float] = []
+
+
 def measure(threads: list[threading.Thread], measuring: threading.Event, done: list[int],
             stop_at: list[float], p: dict[str, Any]) -> float:
     """Run ``threads`` through a warm-up, then a measured window; return the window's seconds.
@@ -473,11 +478,13 @@ def measure(threads: list[threading.Thread], measuring: threading.Event, done: l
     time.sleep(p.get("warmup", 0.5))  # a warm-up period, not a synchronisation
     measuring.set()
     began = time.perf_counter()
+    WINDOW[:] = [time.monotonic()]
     if "requests" in p:
         wait_for(lambda: done[0] >= p["requests"], 600, "requests", interval=0.01)
     else:
         time.sleep(p["seconds"])
     elapsed = time.perf_counter() - began
+    WINDOW.append(time.monotonic())
     stop_at[0] = 0
     for t in threads:
         t.join()

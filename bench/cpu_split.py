@@ -7,7 +7,10 @@ Runs the quick set's request/response row (8 client threads, ``--nodes`` nodes, 
 ftpbc and for its floor alternately, each in a fresh process as bench/run.py does, while a
 sampler reads every process's CPU time from /proc ten times a second.  For each run it prints
 the milliseconds of CPU (user and system apart) that each party spent per request over the
-steady part of the run (the node's first second and the last 0.3 s left out):
+side's own measured window (the requests it counts; warm-up, start and shutdown left out),
+process by process: a process that starts inside the window counts from zero, one that ends
+inside it up to its last sample (a server session closed early must not subtract its whole
+life's CPU from the sum, as a difference of sums did):
 
 * ``client``: the side process (ftpbc's Client or the floor's client threads, all in one);
 * ``node``: the serving node processes (forked by the side);
@@ -38,8 +41,6 @@ from run import Variant, run_side, variants  # noqa: E402
 from servers import running  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
-#: the start of a run left out (the node's connections and first listings), and its end
-SETTLE_S, TAIL_S = 1.0, 0.3
 KERNEL_THREADS = ("jbd2", "kworker", "ksoftirqd", "rcu")
 
 
@@ -83,20 +84,34 @@ def _party(pid: int, procs: dict[int, tuple[str, int, int, int]], server_pid: in
     return None
 
 
-def _ticks(server_pid: int) -> Counter[str]:
+def _ticks(server_pid: int) -> dict[int, tuple[str, int, int]]:
+    """pid -> (party, user ticks, system ticks) of every process of a party now."""
     procs = _processes()
-    totals: Counter[str] = Counter()
+    out = {}
     for pid, (_, _, user, system) in procs.items():
         party = _party(pid, procs, server_pid)
         if party is not None:
-            totals[f"{party} user"] += user
-            totals[f"{party} sys"] += system
+            out[pid] = (party, user, system)
+    return out
+
+
+def _spent(samples: list[tuple[float, dict[int, tuple[str, int, int]]]]) -> Counter[str]:
+    """Ticks each party spent from the first sample to the last, process by process."""
+    first = samples[0][1]
+    last_seen: dict[int, tuple[str, int, int]] = {}
+    for _, procs in samples:
+        last_seen.update(procs)  # a process that ended keeps its last sample
+    totals: Counter[str] = Counter()
+    for pid, (party, user, system) in last_seen.items():
+        _, user0, system0 = first.get(pid, (party, 0, 0))
+        totals[f"{party} user"] += user - user0
+        totals[f"{party} sys"] += system - system0
     return totals
 
 
 def measure(side: str, v: Variant, target: dict[str, Any], workdir: Path) -> tuple[float, dict[str, float]]:
     """One run of ``side``: its rate and the CPU ms per request of each party, steady part only."""
-    samples: list[tuple[float, Counter[str]]] = []
+    samples: list[tuple[float, dict[int, tuple[str, int, int]]]] = []
     done = threading.Event()
 
     def sample() -> None:
@@ -110,14 +125,12 @@ def measure(side: str, v: Variant, target: dict[str, Any], workdir: Path) -> tup
     finally:
         done.set()
         sampler.join()
-    serving = [(t, c) for t, c in samples if c["node user"] + c["node sys"] > 0]
-    if len(serving) < 2:
-        raise RuntimeError("no node process was seen: is this machine's /proc readable?")
-    begin, end = serving[0][0] + SETTLE_S, serving[-1][0] - TAIL_S
-    steady = [(t, c) for t, c in serving if begin <= t <= end]
-    (t0, first), (t1, last) = steady[0], steady[-1]
-    requests = result["rate"] * (t1 - t0)
-    split = {k: (last[k] - first[k]) / TICK * 1000 / requests for k in last}
+    begin, end = result["window"]
+    steady = [(t, procs) for t, procs in samples if begin <= t <= end]
+    if len(steady) < 2 or not any(party == "node" for party, _, _ in steady[-1][1].values()):
+        raise RuntimeError("no node process was seen in the window: is this machine's /proc readable?")
+    requests = result["rate"] * (steady[-1][0] - steady[0][0])
+    split = {k: ticks / TICK * 1000 / requests for k, ticks in _spent(steady).items()}
     split["total"] = sum(split.values())
     return result["rate"], split
 
