@@ -1,10 +1,13 @@
 """A large box (ftpbc.exchange.backlog): listed a part at a time, its best messages kept, on real
 servers: vsftpd lists by glob (slices), pyftpdlib refuses globs and OpenSSH has none (first parts
-of stopped listings).  LARGE_BOX is lowered so that a few thousand files make a box large.
+of stopped listings).  The endpoints' ``large_box`` is lowered so that a few thousand files make
+a box large.
 
 What holds: every message consumed exactly once; higher priorities first across parts (once a
 complete pass has run); a new priority-9 message goes first within a bound the lister states; a
-name that cannot be used in one slice does not stop the others; a listing keeps its best K only.
+name that cannot be used in one slice does not stop the others; a listing keeps its best K only;
+a server that cuts its listings short and fails globs past its cap (pure-ftpd's ``-L``) is
+listed by stopped listings, every message consumed once.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from typing import Any
 import pytest
 
 from ftpbc.client import Client
-from ftpbc.exchange import backlog
 from ftpbc.exchange.layout import delivery_order
 from ftpbc.exchange.message import Message
 from ftpbc.node.provider import Provider
@@ -28,6 +30,7 @@ from ftpbc.node.serve import Node
 from ftpbc.transport.base import Entry, GlobRefused
 from tests.cluster import in_process_config
 from tests.servers.handle import ServerHandle
+from tests.servers.pureftpd import CAPPED_LISTING
 from tests.support import wait_until
 
 SERVERS = ["pyftpdlib", "vsftpd", "sshd"]
@@ -37,9 +40,8 @@ LARGE = 150
 
 
 @pytest.fixture(params=SERVERS)
-def big_server(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ServerHandle:
-    """One of the three servers, with LARGE_BOX lowered to LARGE."""
-    monkeypatch.setattr(backlog, "LARGE_BOX", LARGE)
+def big_server(request: pytest.FixtureRequest) -> ServerHandle:
+    """One of the three servers (endpoints get ``large_box: LARGE`` from :func:`_start`)."""
     handle: ServerHandle = request.getfixturevalue(f"{request.param}_server")
     return handle
 
@@ -90,10 +92,10 @@ def _fill(inbox: Path, count: int, *, first_second: int = 1_700_000_000,
 
 
 def _start(handle: ServerHandle, tmp_path: Path, things: list[Any], seen: Seen, *, workers: int = 4,
-           poll: float = 0.05) -> tuple[Client, Path, Node]:
+           poll: float = 0.05, large_box: int = LARGE) -> tuple[Client, Path, Node]:
     base = handle.fresh_dir()
     endpoints = {"ep": {"repository": f"{base}/ep", "poll_interval": poll, "workers": workers,
-                        "max_per_poll": workers}}
+                        "max_per_poll": workers, "large_box": large_box}}
     client = Client(in_process_config(handle, tmp_path, "cli", endpoints))
     things.append(client)
     client.runtime.lifecycle("ep")  # creates the exchange area
@@ -175,6 +177,42 @@ def test_higher_priorities_go_first_across_parts(big_server: ServerHandle, tmp_p
     first_four = after.index(4)
     late = [i for i, p in enumerate(after) if p == 9 and i > first_four]
     assert late == [], f"priority 9s claimed after priority 4s past the pass: {after[:80]}"
+
+
+def test_a_box_past_a_servers_listing_cap_is_consumed_by_stopped_listings(
+        pureftpd_capped_server: ServerHandle, tmp_path: Path, things: list[Any]) -> None:
+    """pure-ftpd cuts every listing at CAPPED_LISTING names without a word, and answers a glob
+    of such a directory with no names and ``226-Out of memory during globbing``: a success
+    code on an empty listing, which would pass for an empty slice.  With ``large_box`` below
+    the cap the box is large; the failed glob is taken as a refused one (never asked again),
+    parts and passes are listings cut at the cap, and every message is consumed exactly once."""
+    seen = Seen()
+    client, inbox, node = _start(pureftpd_capped_server, tmp_path, things, seen, workers=2)
+    names = _fill(inbox, 1000)
+    lc = client.runtime.lifecycle("ep")
+    assert len(lc.transport.list(lc.layout.box)) <= CAPPED_LISTING < len(names)  # the premise
+    provider = _run(node, seen, things)
+    wait_until(lambda: len(seen.names()) >= len(names), timeout=180, what="every message")
+    wait_until(lambda: not any(inbox.iterdir()), timeout=30, what="an empty inbox")
+    counts = Counter(seen.names())
+    assert set(counts) == set(names)
+    assert [n for n, c in counts.items() if c > 1] == []
+    assert provider.lister.passes >= 1, "the box was never taken as large"
+    assert provider.lifecycle.transport.globs is False, "an empty glob listing was taken as a slice"
+    assert seen.largest_backlog <= LARGE
+
+
+def test_a_glob_past_a_servers_listing_cap_is_refused_not_taken_as_empty(
+        pureftpd_capped_server: ServerHandle, tmp_path: Path, things: list[Any]) -> None:
+    client, inbox, _ = _start(pureftpd_capped_server, tmp_path, things, Seen())
+    _fill(inbox, 2 * CAPPED_LISTING)
+    lc = client.runtime.lifecycle("ep")
+    with pytest.raises(GlobRefused, match="during globbing"):
+        lc.listing(glob="*.a*")
+    assert lc.transport.globs is False
+    # Never asked of the server again: a whole listing (cut at the cap), its names matched here.
+    got = lc.listing(glob="*.a*")
+    assert got.candidates and {c.name[:5] for c in got.candidates} == {"msg.a"}
 
 
 def test_a_new_priority_9_message_goes_first_within_the_pass_bound(

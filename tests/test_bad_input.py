@@ -119,6 +119,16 @@ def test_wrong_type_names_key_and_value(tmp_path: Path) -> None:
                                 "expected a number, got 'fast'")
 
 
+def test_a_large_box_below_one_is_refused_at_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD.replace("    poll_interval: 0.05", "    poll_interval: 0.05\n"
+                                                                  "    large_box: 0"))
+    result = check(path)
+    assert result.returncode == 2
+    line = one_line(result)
+    assert line.startswith(f"ftpbc: error: {path}:12: endpoints.quote.large_box: "), line
+    assert "1" in line.split("large_box:", 1)[1], line  # says what the least value is
+
+
 @pytest.mark.parametrize("node_id", ['"node-a\\n"', '"node a"', '"../x"', '""'])
 def test_a_node_id_outside_its_alphabet_is_refused(tmp_path: Path, node_id: str) -> None:
     # A trailing line break once passed: it made a node's server lock token unparsable.

@@ -46,6 +46,8 @@ TimeZone = Annotated[str, AfterValidator(_known_time_zone)]
 Prefix = Annotated[str, AfterValidator(_bare_prefix)]
 #: worker threads of one poller
 Workers = Annotated[int, Field(ge=1, le=256)]
+#: the default ``large_box``: messages above which a box is listed a part at a time
+LARGE_BOX = 20_000
 
 
 class AreaSettings(BaseModel):
@@ -62,6 +64,10 @@ class AreaSettings(BaseModel):
     oneway_prefix: Prefix = "msg."
     poll_interval: float = Field(default=1.0, gt=0)
     max_per_poll: int = Field(default=32, ge=1)
+    #: a box whose listing finds more messages than this is large: listed a part at a time, each
+    #: part keeping its best ``large_box`` (docs/queues.md): lower, less memory and shorter
+    #: listings; higher, exact order over more messages
+    large_box: int = Field(default=LARGE_BOX, ge=1)
     workers: Workers = 5
     lock: Literal["file", "none"] = "file"
     #: how headers and properties are written in file names: ftpbc | dropboxmq (docs/naming.md)
@@ -93,4 +99,4 @@ class AreaSettings(BaseModel):
 #: the settings a topic passes on to its areas: all of AreaSettings but where the area is
 AREA_KEYS = tuple(k for k in AreaSettings.model_fields if k not in ("server", "repository"))
 
-__all__ = ["AREA_KEYS", "AreaSettings", "Prefix", "Repository", "TimeZone", "Workers"]
+__all__ = ["AREA_KEYS", "LARGE_BOX", "AreaSettings", "Prefix", "Repository", "TimeZone", "Workers"]

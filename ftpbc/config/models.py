@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ftpbc.config.area import AreaSettings, Prefix, TimeZone, Workers
+from ftpbc.config.area import LARGE_BOX, AreaSettings, Prefix, TimeZone, Workers
 from ftpbc.config.routes import RouteConfig, check_routes
 from ftpbc.config.servers import ServerConfig
 from ftpbc.config.topics import SEPARATOR as TOPIC_SEPARATOR
@@ -264,6 +264,8 @@ class TransferConfig(_Frozen):
     redelivery_delay: float = Field(default=1.0, ge=0)
     poll_interval: float = Field(default=1.0, gt=0)
     max_per_poll: int = Field(default=32, ge=1)
+    #: as an endpoint's (a receive_from directory this large is listed a part at a time)
+    large_box: int = Field(default=LARGE_BOX, ge=1)
     workers: Workers = 2
     lock: Literal["file", "none"] = "file"
     #: time zone of date letters in names (IANA name)

@@ -42,9 +42,11 @@ large box
 
 What is not guaranteed: names of the layout's messages outside every slice cannot exist (``%u``
 matches lower-case hex only), but a server that truncates listings (pure-ftpd's
-``LimitRecursion``, 10,000 names by default) makes a large box look small and is listed as
-one, in the server's order.  Everything else holds as for a small box: claims by rename, sizes
-checked on read, bad lines skipped, ``max_listing_entries``.
+``LimitRecursion``, 10,000 names by default) makes a large box look small, and it is listed as
+one, in the server's order.  With ``large`` below such a cap the box is large, but no listing
+shows what lies past the cap (pure-ftpd fails a glob there: taken as refused), so parts are
+stopped listings and passes see the first names only.  Everything else holds as for a small
+box: claims by rename, sizes checked on read, bad lines skipped, ``max_listing_entries``.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from ftpbc.config.area import LARGE_BOX
 from ftpbc.errors import ConnectionLost, NotFound, OutcomeUnknown, TransportError
 from ftpbc.exchange.layout import Candidate, delivery_order
 from ftpbc.exchange.lifecycle import Lifecycle, Listing
@@ -62,8 +65,6 @@ from ftpbc.transport.base import GlobRefused
 
 log = logging.getLogger("ftpbc.backlog")
 
-#: a box listing more messages than this is large: listed a part at a time (docs/queues.md)
-LARGE_BOX = 20_000
 #: how many parts a large box listed by first parts is taken to hold until a pass has counted it
 PARTS_GUESS = 16
 #: names a running pass remembers as taken meanwhile, at most (a pass lasts seconds, not hours)
@@ -79,7 +80,8 @@ class BoxLister:
 
     def __init__(self, lifecycle: Lifecycle, *, poll_interval: float, large: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        """``large``: LARGE_BOX (read when the lister is made, so a test may lower it)."""
+        """``large``: messages above which the box is large (default: an endpoint's default
+        ``large_box``)."""
         large = LARGE_BOX if large is None else large
         if large < 1:
             raise ValueError(f"large must be at least 1, got {large!r}")
@@ -247,9 +249,11 @@ class BoxLister:
             # Stopped at ``large`` too: a slice of a million-message box holds 62,500, and
             # parsing what is not kept is what the poller would wait for.
             part = self.lifecycle.listing(keep=self.large, stop_after=self.large + 1, glob=glob)
-        except GlobRefused:
-            log.info("%s: %s does not list by glob: a large box is listed by first parts",
-                     self.lifecycle.name, self.lifecycle.transport.server)
+        except GlobRefused as exc:
+            # The reason says which: a server without globs (pyftpdlib: 550), or one past its
+            # listing cap (pure-ftpd: "Out of memory during globbing"), whose cap an operator
+            # may want to raise.
+            log.info("%s: a large box is listed by first parts: %s", self.lifecycle.name, exc)
             return None
         self._next_slice = (self._next_slice + 1) % len(self._slices)
         self._rotation_found += part.found

@@ -105,6 +105,13 @@ class PollSettings(Protocol):
     def workers(self) -> int: ...
 
 
+class BoxSettings(PollSettings, Protocol):
+    """What a :class:`Provider` needs besides: when its box counts as large."""
+
+    @property
+    def large_box(self) -> int: ...
+
+
 class Poller:
     """The generic half of a provider: the poll loop, worker slots, retries and draining.
 
@@ -377,7 +384,7 @@ class Poller:
 class Provider(Poller):
     """The poller and workers of one endpoint (its inbound direction) or one transfer."""
 
-    def __init__(self, name: str, config: PollSettings, lifecycle: Lifecycle, handler: Handler,
+    def __init__(self, name: str, config: BoxSettings, lifecycle: Lifecycle, handler: Handler,
                  poll_lock: PollLock, *, liveness: Liveness | None = None) -> None:
         super().__init__(name, config, poll_lock, liveness=liveness)
         self.lifecycle = lifecycle
@@ -391,7 +398,7 @@ class Provider(Poller):
         # What the last listing found and this node has not claimed yet, best first.
         self._backlog: deque[Candidate] = deque()
         #: what the next listing is: the whole box, or a part of a large one (exchange.backlog)
-        self.lister = BoxLister(lifecycle, poll_interval=config.poll_interval)
+        self.lister = BoxLister(lifecycle, poll_interval=config.poll_interval, large=config.large_box)
         #: when the listing behind the backlog was made (time.monotonic())
         self._listed_at = 0.0
         #: the longest listing of the box so far (seconds): bounds how stale a backlog can get

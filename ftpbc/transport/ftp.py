@@ -90,6 +90,9 @@ from ftpbc.transport.pool import Pool
 T = TypeVar("T")
 
 CHUNK = 256 * 1024
+#: the closing reply of a glob listing the server could not make (pure-ftpd: "226-Out of memory
+#: during globbing of *.0*", also "Read error during globbing"), though its code says success
+_GLOB_FAILED = re.compile(r"during globbing", re.IGNORECASE)
 #: an idle session older than this is probed with NOOP before reuse (cheaper checks always run)
 NOOP_AFTER_IDLE = 10.0
 #: bytes one control reply may take, all its lines together (FEAT and MLST replies are well under
@@ -371,15 +374,25 @@ class FTPTransport(Transport):
             if glob is not None and self.globs is not False:
                 self._cwd(s, remote)
                 now = datetime.now(UTC)
+                closing: builtins.list[str] = []
                 try:
                     done = self._stream(s, f"LIST -a {glob}", path,
-                                        lambda ln: self._parsed.list_line(ln, now), counted, label="LIST")
+                                        lambda ln: self._parsed.list_line(ln, now), counted, label="LIST",
+                                        reply=closing)
                 except ftplib.error_perm as exc:
                     if str(exc)[:3] not in ("501", "550", "450"):
                         raise
                     self.globs = False
                     raise GlobRefused(f"the server does not list by glob ({glob!r}): {exc}",
                                       server=self.server, path=path) from None
+                if closing and _GLOB_FAILED.search(closing[0]):
+                    # pure-ftpd past its listing cap (-L, 10,000 by default) answers a glob with
+                    # no names and "226-Out of memory during globbing of ...": a success code
+                    # on an empty listing, which would pass for an empty slice.
+                    self.globs = False
+                    first = closing[0].splitlines()[0]
+                    raise GlobRefused(f"the server failed to list by glob ({glob!r}): {first}",
+                                      server=self.server, path=path)
                 self.globs = True
                 return done
             if s.has("MLSD"):
@@ -841,11 +854,12 @@ class FTPTransport(Transport):
         return lines
 
     def _stream(self, s: _Session, command: str, path: str, parse: Callable[[str], Entry | None],
-                visit: Visit, *, label: str) -> bool:
+                visit: Visit, *, label: str, reply: builtins.list[str] | None = None) -> bool:
         """Parse a listing's lines as they arrive and hand each entry to ``visit``; True if read
         to its end, False if ``visit`` stopped it.  The bounds of :meth:`_read_lines` hold
         (``max_listing_entries``), a line may be MAX_LISTING_LINE bytes, and a line that does
-        not parse is skipped as :func:`_parse_listing` does."""
+        not parse is skipped as :func:`_parse_listing` does.  ``reply`` (a list) gets the
+        server's closing reply of a listing read to its end."""
         limit = self.cfg.max_listing_entries + 1  # + LIST's "total" line
         lines = _LineParser(parse, server=self.server, path=path, command=label, reported=self._bad_lines)
         count = 0
@@ -885,7 +899,9 @@ class FTPTransport(Transport):
                 log.warning("%s %s: listing stopped at %d entries (max_listing_entries)", self.server, path,
                             self.cfg.max_listing_entries)
         else:
-            s.ftp.voidresp()
+            closing = s.ftp.voidresp()
+            if reply is not None:
+                reply.append(closing)
         lines.finish()
         return not stopped
 

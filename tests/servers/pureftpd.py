@@ -6,6 +6,7 @@ it; the fixtures run that ``usr/sbin/pure-ftpd`` (or a system-wide one) in the f
 configured entirely by its command line (``-S 127.0.0.1,PORT``, no ``-B``).
 
 * ``pureftpd_server``: plain FTP (``-Y 0``).
+* ``pureftpd_capped_server``: plain FTP whose listings stop at 300 names (``-L``).
 * ``pureftpd_tls_server``: explicit TLS only (``-Y 3``: cleartext control and data connections
   are refused), with the session's throw-away CA's certificate (``tls_material``); the handle's
   options carry ``ca_file``, so verification stays on.
@@ -50,8 +51,11 @@ PACKAGES = "pure-ftpd"
 #: passive data ports per fixture: below the ephemeral range, apart from vsftpd's 27000-27999
 #: and ProFTPD's 28000-28999
 PASV_PLAIN = (29000, 29499)
-PASV_TLS = (29500, 29989)
+PASV_TLS = (29500, 29899)
+PASV_CAPPED = (29900, 29989)
 PASV_LIMITED = (29990, 29999)
+#: what ``pureftpd_capped_server`` lists of a directory at most
+CAPPED_LISTING = 300
 
 
 def pureftpd_binary() -> Path:
@@ -60,9 +64,11 @@ def pureftpd_binary() -> Path:
 
 def running_pureftpd(binary: Path, workdir: Path, *, passive: tuple[int, int],
                      tls: TLSMaterial | None = None, max_per_ip: int | None = None,
+                     max_listed: int = 100_000,
                      label: str = "pureftpd") -> AbstractContextManager[ServerInstance]:
     """A pure-ftpd on a free loopback port with one virtual user chrooted into a new root.
 
+    ``max_listed``: a listing stops after this many names (pure-ftpd's ``-L``), without a word.
     Needs root.  The root directory is removed on exit, the server stopped.
     """
     pure_pw = binary.parent.parent / "bin" / "pure-pw"
@@ -83,7 +89,7 @@ def running_pureftpd(binary: Path, workdir: Path, *, passive: tuple[int, int],
                 "-p", f"{passive[0]}:{passive[1]}",
                 "-c", "500",                 # sessions in all (default 50); no cap per address
                 "-D",                        # dot files are ordinary message files for ftpbc
-                "-L", "100000:8",            # listings are not cut at 10,000 entries
+                "-L", f"{max_listed}:8",     # listings are not cut at 10,000 entries (by default)
                 "-I", "15",                  # idle minutes
                 "-g", str(workdir / "pure-ftpd.pid")]
         if max_per_ip is not None:
@@ -123,3 +129,14 @@ def pureftpd_limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterato
     with running_pureftpd(binary, tmp_path_factory.mktemp("pureftpd-limited"), passive=PASV_LIMITED,
                           max_per_ip=6, label="pureftpd-limited") as p:
         yield p.handle("pureftpd_limited")
+
+
+@pytest.fixture(scope="session")
+def pureftpd_capped_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """pure-ftpd whose listings stop at CAPPED_LISTING names, as its default (10,000) does at
+    scale: a bigger directory is listed in part, and the reply does not say so."""
+    binary = pureftpd_binary()
+    require_root("pure-ftpd")
+    with running_pureftpd(binary, tmp_path_factory.mktemp("pureftpd-capped"), passive=PASV_CAPPED,
+                          max_listed=CAPPED_LISTING, label="pureftpd-capped") as p:
+        yield p.handle("pureftpd_capped")
