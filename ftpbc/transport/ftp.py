@@ -90,8 +90,8 @@ from ftpbc.transport.pool import Pool
 T = TypeVar("T")
 
 CHUNK = 256 * 1024
-#: the closing reply of a glob listing the server could not make (pure-ftpd: "226-Out of memory
-#: during globbing of *.0*", also "Read error during globbing"), though its code says success
+#: the closing reply of a glob listing the server could not make, though its code says success
+#: (pure-ftpd past its listing cap: "226-Out of memory during globbing of *.0*")
 _GLOB_FAILED = re.compile(r"during globbing", re.IGNORECASE)
 #: an idle session older than this is probed with NOOP before reuse (cheaper checks always run)
 NOOP_AFTER_IDLE = 10.0
