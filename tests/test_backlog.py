@@ -112,6 +112,15 @@ def _run(node: Node, seen: Seen, things: list[Any]) -> Provider:
     return provider
 
 
+def _consumed_once(seen: Seen, inbox: Path, names: list[str], *, timeout: float) -> None:
+    """Wait until every one of ``names`` was handled and the inbox is empty; each handled once."""
+    wait_until(lambda: len(seen.names()) >= len(names), timeout=timeout, what="every message")
+    wait_until(lambda: not any(inbox.iterdir()), timeout=30, what="an empty inbox")
+    counts = Counter(seen.names())
+    assert set(counts) == set(names)
+    assert [n for n, c in counts.items() if c > 1] == []
+
+
 def _claims_in_order(provider: Provider) -> Callable[[], list[tuple[str, int, int]]]:
     """Record every claim ``provider`` makes from now on, in the order its poller makes them:
     (name, priority, complete passes its lister had made by then).  The claims are the real
@@ -144,11 +153,7 @@ def test_a_large_box_is_consumed_exactly_once_a_part_at_a_time(
     _, inbox, node = _start(big_server, tmp_path, things, seen, poll=1.0)
     names = _fill(inbox, 1500)
     provider = _run(node, seen, things)
-    wait_until(lambda: len(seen.names()) >= len(names), timeout=120, what="every message")
-    wait_until(lambda: not any(inbox.iterdir()), timeout=30, what="an empty inbox")
-    counts = Counter(seen.names())
-    assert set(counts) == set(names)
-    assert [n for n, c in counts.items() if c > 1] == []
+    _consumed_once(seen, inbox, names, timeout=120)
     lister = provider.lister
     assert lister.parts >= 3, "the box was not listed a part at a time"
     assert provider.lifecycle.transport.globs is GLOBS[big_server.kind]
@@ -192,11 +197,7 @@ def test_a_box_past_a_servers_listing_cap_is_consumed_by_stopped_listings(
     lc = client.runtime.lifecycle("ep")
     assert len(lc.transport.list(lc.layout.box)) <= CAPPED_LISTING < len(names)  # the premise
     provider = _run(node, seen, things)
-    wait_until(lambda: len(seen.names()) >= len(names), timeout=180, what="every message")
-    wait_until(lambda: not any(inbox.iterdir()), timeout=30, what="an empty inbox")
-    counts = Counter(seen.names())
-    assert set(counts) == set(names)
-    assert [n for n, c in counts.items() if c > 1] == []
+    _consumed_once(seen, inbox, names, timeout=180)
     assert provider.lister.passes >= 1, "the box was never taken as large"
     assert provider.lifecycle.transport.globs is False, "an empty glob listing was taken as a slice"
     assert seen.largest_backlog <= LARGE
