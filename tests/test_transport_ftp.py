@@ -344,7 +344,6 @@ def test_list_lines_in_unknown_formats_are_refused_not_skipped(line: str) -> Non
         _parse_list_line(line, NOW)
 
 
-
 def test_vsftpd_lists_a_small_directory_on_the_control_connection(vsftpd_server: ServerHandle) -> None:
     # vsftpd has no MLSD: a streamed listing there is STAT -a <dir> (no data connection) while
     # the directory is small, LIST once it is not; both must give the same entries.

@@ -114,6 +114,8 @@ QUIT_TIMEOUT = 0.5
 #: a directory whose listing had more lines than this is listed by LIST, not STAT: a STAT reply
 #: must fit in MAX_REPLY (lines of 60-300 bytes)
 STAT_MAX_ENTRIES = 200
+#: large directories remembered per transport at most (forgetting one costs one oversized STAT)
+LARGE_DIRS_REMEMBERED = 10_000
 #: remote directories listed by ``LIST -a <path>`` rather than ``CWD`` + ``LIST -a``: those no
 #: server would glob or split at a space (other paths are listed from their working directory)
 _LISTABLE_BY_PATH = re.compile(r"/[A-Za-z0-9._/-]*")
@@ -808,8 +810,8 @@ class FTPTransport(Transport):
     def _note_size(self, remote: str, lines: int) -> None:
         """Remember whether directory ``remote`` is too large to be listed by STAT."""
         if lines > STAT_MAX_ENTRIES:
-            if len(self._large_dirs) >= PARSED_LINES:
-                self._large_dirs.clear()  # a bound; forgetting only costs one oversized STAT
+            if len(self._large_dirs) >= LARGE_DIRS_REMEMBERED:
+                self._large_dirs.clear()
             self._large_dirs.add(remote)
         else:
             self._large_dirs.discard(remote)
