@@ -525,25 +525,52 @@ class NemesisLog:
     events: list[str] = field(default_factory=list)
 
 
+#: kills a chaos run owes before its last request is submitted
+MIN_KILLS = 5
+
+#: how long a client waits for the nemesis to catch up before the run fails
+NEMESIS_CATCH_UP = 60.0
+
+
 class Nemesis(threading.Thread):
     """SIGKILLs a random node every ``min_gap``-``max_gap`` seconds and restarts it at once.
 
     ``once`` maps a progress fraction (0..1 of requests done, read from ``progress()``) to a
     fault run once when progress passes it, e.g. ``{0.33: restart_server, 0.66: drop}``.
+
+    The clients submit through :meth:`await_due`, so the faults are spread over the requests
+    however fast the nodes answer: a request past a ``once`` mark waits until that fault ran,
+    and the last request waits until ``min_kills`` kills were done.  (Paced by time alone, a
+    run that answered quickly finished before its faults.)
     """
 
     def __init__(self, nodes: list[NodeProcess], progress: Callable[[], float],
                  once: dict[float, tuple[str, Callable[[], object]]], *, min_gap: float = 0.5,
-                 max_gap: float = 2.0, seed: int | None = None) -> None:
+                 max_gap: float = 2.0, seed: int | None = None, min_kills: int = MIN_KILLS) -> None:
         super().__init__(name="nemesis", daemon=True)
         self.nodes = nodes
         self.progress = progress
         self.once = dict(once)
         self.min_gap, self.max_gap = min_gap, max_gap
+        self.min_kills = min_kills
         self.rng = random.Random(seed)
         self.stop_event = threading.Event()
         self.log = NemesisLog()
         self.error: BaseException | None = None
+        self.changed = threading.Condition()
+
+    def _owes(self, fraction: float) -> bool:
+        kills_due = min(self.min_kills, int((self.min_kills + 1) * fraction))
+        return self.log.kills < kills_due or any(mark < fraction for mark in self.once)
+
+    def await_due(self, fraction: float, timeout: float = NEMESIS_CATCH_UP) -> None:
+        """Block until the nemesis has done what it owes before ``fraction`` of the requests
+        (returns at once if it stopped or failed)."""
+        with self.changed:
+            if not self.changed.wait_for(lambda: self.stop_event.is_set() or self.error is not None
+                                         or not self._owes(fraction), timeout):
+                raise AssertionError(f"the nemesis did not catch up with {fraction:.0%} of the "
+                                     f"requests in {timeout:.0f} s: {self.log}")
 
     def run(self) -> None:
         try:
@@ -551,26 +578,36 @@ class Nemesis(threading.Thread):
             while not self.stop_event.wait(self.rng.uniform(self.min_gap, self.max_gap)):
                 for mark in sorted(self.once):
                     if self.progress() >= mark:
-                        what, fault = self.once.pop(mark)
+                        what, fault = self.once[mark]
                         fault()
-                        self.log.events.append(f"{time.time():.3f} {what}")
-                        if what == "restart-server":
-                            self.log.server_restarts += 1
-                        elif what == "bad-listing-line":
-                            self.log.bad_entries += 1
-                        else:
-                            self.log.connection_cuts += 1
+                        with self.changed:  # the mark is paid only once its fault has run
+                            del self.once[mark]
+                            self.log.events.append(f"{time.time():.3f} {what}")
+                            if what == "restart-server":
+                                self.log.server_restarts += 1
+                            elif what == "bad-listing-line":
+                                self.log.bad_entries += 1
+                            else:
+                                self.log.connection_cuts += 1
+                            self.changed.notify_all()
                 node = self.rng.choice(self.nodes)
                 node.kill()
-                self.log.kills += 1
                 node.start()
-                self.log.restarts += 1
-                self.log.events.append(f"{time.time():.3f} kill+restart {node.node_id}")
+                with self.changed:
+                    self.log.kills += 1
+                    self.log.restarts += 1
+                    self.log.events.append(f"{time.time():.3f} kill+restart {node.node_id}")
+                    self.changed.notify_all()
         except BaseException as exc:  # reported by the test, never swallowed
             self.error = exc
+        finally:
+            with self.changed:
+                self.changed.notify_all()
 
     def halt(self) -> None:
         self.stop_event.set()
+        with self.changed:
+            self.changed.notify_all()
         self.join(timeout=30)
 
 
@@ -699,7 +736,7 @@ class ChaosResult:
         report = self.report()
         print(f"{label}: {report}")
         v = self.verdict
-        assert self.nemesis.kills >= 5 and self.nemesis.server_restarts == 1
+        assert self.nemesis.kills >= MIN_KILLS and self.nemesis.server_restarts == 1
         assert self.nemesis.connection_cuts == 1
         assert self.nemesis.bad_entries == 1  # a listing line / name that cannot be used, skipped
         logs = "".join(p.read_text(errors="replace") for p in cluster.workdir.glob("node-*.log"))
@@ -742,6 +779,7 @@ def run_chaos(cluster: Cluster, *, requests: int, nodes: int = 3, clients: int =
                 i = next(counter, None)
                 if i is None or (deadline is not None and time.monotonic() - started > deadline):
                     return
+            nemesis.await_due(i / requests)
             yield f"{i}:{random.getrandbits(64):016x}".encode()
             with counter_lock:
                 done[0] += 1

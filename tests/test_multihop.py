@@ -101,6 +101,7 @@ def test_multihop_under_the_nemesis(pyftpdlib_server: ServerHandle, tmp_path: Pa
                         i = next(counter, None)
                     if i is None:
                         return
+                    nemesis.await_due(i / REQUESTS)
                     body = f"{i}:{random.getrandbits(32):08x}".encode()
                     uid = client.submit("front", body)
                     with lock:
@@ -112,7 +113,7 @@ def test_multihop_under_the_nemesis(pyftpdlib_server: ServerHandle, tmp_path: Pa
         except BaseException as exc:  # reported below, never swallowed
             errors.append(exc)
 
-    nemesis = Nemesis(nodes, lambda: done[0] / REQUESTS, {}, min_gap=0.3, max_gap=1.0)
+    nemesis = Nemesis(nodes, lambda: done[0] / REQUESTS, {}, min_gap=0.3, max_gap=1.0, min_kills=3)
     threads = [threading.Thread(target=run_client, args=(k,), name=f"client-{k}") for k in range(CLIENTS)]
     try:
         nemesis.start()
