@@ -533,7 +533,8 @@ NEMESIS_CATCH_UP = 60.0
 
 
 class Nemesis(threading.Thread):
-    """SIGKILLs a random node every ``min_gap``-``max_gap`` seconds and restarts it at once.
+    """SIGKILLs a node every ``min_gap``-``max_gap`` seconds and restarts it at once; each
+    ``len(nodes)`` kills hit every node once, in a random order.
 
     ``once`` maps a progress fraction (0..1 of requests done, read from ``progress()``) to a
     fault run once when progress passes it, e.g. ``{0.33: restart_server, 0.66: drop}``.
@@ -558,6 +559,14 @@ class Nemesis(threading.Thread):
         self.log = NemesisLog()
         self.error: BaseException | None = None
         self.changed = threading.Condition()
+        self._deck: list[NodeProcess] = []
+
+    def _next_victim(self) -> NodeProcess:
+        # Drawn from a shuffled deck, not uniformly: every process is killed once in each
+        # len(nodes) kills, so a test can count on each of its kinds of process being hit.
+        if not self._deck:
+            self._deck = self.rng.sample(self.nodes, len(self.nodes))
+        return self._deck.pop()
 
     def _owes(self, fraction: float) -> bool:
         kills_due = min(self.min_kills, int((self.min_kills + 1) * fraction))
@@ -590,7 +599,7 @@ class Nemesis(threading.Thread):
                             else:
                                 self.log.connection_cuts += 1
                             self.changed.notify_all()
-                node = self.rng.choice(self.nodes)
+                node = self._next_victim()
                 node.kill()
                 node.start()
                 with self.changed:
