@@ -120,8 +120,8 @@ def test_nack_requeues_with_the_count_raised_after_the_redelivery_delay(server: 
     uid = _uid(a.send("ep", b"again"))
     first = a.receive("ep", timeout=10)
     assert first is not None and first.uuid == uid
+    nacked = time.monotonic()  # before: the hold-back is counted from inside nack()
     what = first.nack()
-    nacked = time.monotonic()
     assert what.kind == "returned" and first.state == "requeued"
     [name] = area_files(server, repo, "inbox")
     assert _count(name) == 1

@@ -47,9 +47,10 @@ def server(network: Network, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     server_host = network.hosts["server"]
     with vsftpd_on(server_host, tmp_path_factory.mktemp("hosts-vsftpd")) as handle:
         port = int(handle.url.rsplit(":", 1)[1].rstrip("/"))
-        for name in NODE_HOSTS:
-            assert reaches(network.hosts[name], server_host.address, port), \
-                f"{name} cannot reach the server at {server_host.address}:{port}"
+        # a bridge just built may take a moment to pass traffic
+        address = server_host.address
+        wait_until(lambda: all(reaches(network.hosts[name], address, port) for name in NODE_HOSTS),
+                   timeout=15, interval=0.5, what=f"every node host to reach the server at {address}:{port}")
         yield handle
 
 

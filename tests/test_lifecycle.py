@@ -339,7 +339,8 @@ def test_200_mib_request_is_streamed_with_bounded_memory(pyftpdlib_server: Serve
             started = time.monotonic()
             answer = client.request("big", io.BufferedReader(GeneratedStream(BIG, seed), BLOCK))
             elapsed = time.monotonic() - started
-            assert node.providers["big"].stats.served == 1
+            # counted just after the reply is exposed, which the client may see first
+            wait_until(lambda: node.providers["big"].stats.served == 1, timeout=10, what="served counted")
     finally:
         done.set()
         sampler.join()

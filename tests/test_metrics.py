@@ -88,6 +88,9 @@ def test_metrics_count_what_was_served(node_with_metrics: tuple[Node, MetricsSer
     # the failed requests' replies went out before the node counted them: wait for the counters
     wait_until(lambda: _value(_scrape(server), "ftpbc_messages_failed_total", **ep) == 2,
                what="the failed count")
+    # the latency is observed just after the failed count moves
+    wait_until(lambda: _value(_scrape(server), "ftpbc_message_latency_seconds_count", **ep) == 14,
+               what="the latency count")
     samples = _scrape(server)
     assert _value(samples, "ftpbc_messages_served_total", **ep) == 12
     assert _value(samples, "ftpbc_messages_received_total", **ep) == 14
