@@ -92,7 +92,7 @@ T = TypeVar("T")
 CHUNK = 256 * 1024
 #: the closing reply of a glob listing the server could not make, though its code says success
 #: (pure-ftpd past its listing cap: "226-Out of memory during globbing of *.0*")
-_GLOB_FAILED = re.compile(r"during globbing", re.IGNORECASE)
+_GLOB_FAILED = "during globbing"
 #: an idle session older than this is probed with NOOP before reuse (cheaper checks always run)
 NOOP_AFTER_IDLE = 10.0
 #: bytes one control reply may take, all its lines together (FEAT and MLST replies are well under
@@ -387,7 +387,7 @@ class FTPTransport(Transport):
                     self.globs = False
                     raise GlobRefused(f"the server does not list by glob ({glob!r}): {exc}",
                                       server=self.server, path=path) from None
-                if closing and _GLOB_FAILED.search(closing[0]):
+                if closing and _GLOB_FAILED in closing[0].lower():
                     # pure-ftpd past its listing cap (-L, 10,000 by default) answers a glob with
                     # no names and "226-Out of memory during globbing of ...": a success code
                     # on an empty listing, which would pass for an empty slice.
