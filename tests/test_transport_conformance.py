@@ -25,6 +25,7 @@ from ftpbc.errors import (
     ConfigError,
     ConnectFailed,
     NotFound,
+    PermissionDenied,
     SourceGone,
     TransportError,
     UnsafeNameError,
@@ -206,6 +207,21 @@ def test_put_replaces_an_existing_file(server: ServerHandle, t: Transport) -> No
     put_bytes(t, f"{d}/f", b"a much longer first version")
     put_bytes(t, f"{d}/f", b"short")
     assert get_bytes(t, f"{d}/f") == b"short"
+
+
+@pytest.mark.parametrize("size", [1024, 256 * 1024], ids=["small", "large"])
+def test_a_refused_put_raises_the_refusal_and_the_session_goes_on(server: ServerHandle, t: Transport,
+                                                                  size: int) -> None:
+    # A small body is written before the server's answer to STOR (one round trip less): a
+    # refusal must still come back as the server's refusal, not as a lost connection, and
+    # leave the session in step for the next command.
+    d = server.fresh_dir()
+    with pytest.raises((NotFound, PermissionDenied)) as err:
+        put_bytes(t, f"{d}/no-such-dir/f", b"x" * size)
+    assert "no-such-dir" in str(err.value)
+    assert not server.local(f"{d}/no-such-dir").exists()
+    put_bytes(t, f"{d}/f", b"after")
+    assert get_bytes(t, f"{d}/f") == b"after"
 
 
 def test_get_of_a_missing_file_is_not_found(server: ServerHandle, t: Transport) -> None:

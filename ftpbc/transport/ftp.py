@@ -50,6 +50,7 @@ import builtins
 import ftplib
 import io
 import logging
+import math
 import posixpath
 import re
 import select
@@ -106,6 +107,13 @@ _TLS_PIECE = 16 * 1024
 MAX_LISTING_LINE = 64 * 1024
 #: a transient 425 to EPSV/PASV is asked again this many times, after 10, 20, 40 ms
 PASSIVE_RETRIES = 3
+#: a body of up to this many bytes, in memory, is written to a plain data connection right after
+#: STOR, without waiting for the server's 150 first: one round trip less for every message
+#: staged.  It fits in the socket buffers of a connection the server has not accepted yet, so
+#: the write never waits on the server; a server refusing the STOR (550, 553, 452) never reads
+#: it, and its refusal comes on the control connection as it would have.  Not over TLS, whose
+#: handshake needs the server to accept first.
+EARLY_STOR_MAX = 32 * 1024
 #: rename pairs sent in one write by rename_each: their replies (two short lines each) stay
 #: far below any socket buffer, so the server never blocks writing them while we write
 RENAME_BATCH = 32
@@ -440,17 +448,28 @@ class FTPTransport(Transport):
     def put(self, path: str, stream: BinaryIO, *, timeout: float | None = None) -> int:
         remote = self._remote(path)
         start = stream_position(stream)
+        # A small body in memory goes out without waiting for the server's 150 (see EARLY_STOR_MAX).
+        early = self._context is None and _remaining(stream, start) <= EARLY_STOR_MAX
 
         def op(s: _Session, progress: Progress) -> int:
             if start is not None:
                 stream.seek(start)
             total = 0
-            with self._data(s, f"STOR {remote}", path, progress) as conn:
-                guard = self._guard(conn)
-                for chunk in _chunks(stream):
-                    _send_all(conn, chunk, guard)
-                    total += len(chunk)
-                _unwrap(conn)
+            try:
+                with self._data(s, f"STOR {remote}", path, progress, early=early) as conn:
+                    guard = self._guard(conn)
+                    for chunk in _chunks(stream):
+                        _send_all(conn, chunk, guard)
+                        total += len(chunk)
+                    _unwrap(conn)
+            except OSError:
+                if early:
+                    # A server that refused the STOR may have reset the connection the body went
+                    # into: its reply says why (and is raised as such), and keeps the session in step.
+                    _transfer_opened(s.ftp)
+                raise
+            if early:
+                _transfer_opened(s.ftp)
             s.ftp.voidresp()
             return total
 
@@ -922,9 +941,14 @@ class FTPTransport(Transport):
         return RateGuard(cfg.min_transfer_rate, cfg.min_rate_window)
 
     @contextmanager
-    def _data(self, s: _Session, command: str, path: str,
-              progress: Progress | None) -> Iterator[socket.socket]:
-        """A data connection for ``command`` (STOR/RETR/LIST...), closed after the block."""
+    def _data(self, s: _Session, command: str, path: str, progress: Progress | None, *,
+              early: bool = False) -> Iterator[socket.socket]:
+        """A data connection for ``command`` (STOR/RETR/LIST...), closed after the block.
+
+        ``early`` (plain connections only): the block starts as soon as the command is sent,
+        before the server's reply opening the transfer, which the caller then reads with
+        :func:`_transfer_opened` after the block (see EARLY_STOR_MAX).
+        """
         ftp = s.ftp
         host, port = self._passive(s)
         conn = _dial(s.family, host, port, ftp.timeout)
@@ -933,11 +957,8 @@ class FTPTransport(Transport):
             ftp.putcmd(command)
             if progress is not None:
                 progress.sent = True
-            resp = ftp.getresp()
-            if resp[0] == "2":  # some servers send 2xx before the transfer reply
-                resp = ftp.getresp()
-            if resp[0] != "1":
-                raise ftplib.error_reply(resp)
+            if not early:
+                _transfer_opened(ftp)
             if self._context is not None:
                 conn = self._context.wrap_socket(conn, server_hostname=self.cfg.host,
                                                  session=_tls_session(s))
@@ -1105,6 +1126,24 @@ def _send_all(conn: socket.socket, data: memoryview | bytes, guard: RateGuard | 
         n = conn.send(view[:piece])
         guard.add(n)
         view = view[n:]
+
+
+def _transfer_opened(ftp: ftplib.FTP) -> None:
+    """Read the reply that opens a transfer (1xx); a refusal is raised as ftplib's error."""
+    resp = ftp.getresp()
+    if resp[0] == "2":  # some servers send 2xx before the transfer reply
+        resp = ftp.getresp()
+    if resp[0] != "1":
+        raise ftplib.error_reply(resp)
+
+
+def _remaining(stream: BinaryIO, start: int | None) -> int | float:
+    """Bytes left to read in an in-memory ``stream`` from ``start``; infinity when not known
+    without reading it."""
+    if start is None or not isinstance(stream, io.BytesIO):
+        return math.inf
+    with stream.getbuffer() as view:
+        return view.nbytes - start
 
 
 def _unwrap(conn: socket.socket) -> None:
