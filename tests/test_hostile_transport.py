@@ -41,6 +41,7 @@ from ftpbc.errors import (
     ProtocolError,
     RemoteHandlerError,
     SourceGone,
+    TransportError,
     TransportTimeout,
     UnsafeEntry,
 )
@@ -744,3 +745,17 @@ def test_a_claim_replaced_by_a_link_is_filed_as_it_is_not_read(tmp_path: Path) -
     finally:
         t.close()
         journal.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_data_connection_fails_a_put_without_waiting_for_a_reply() -> None:
+    """A small put writes its body before the server's 150 (one round trip less); when the data
+    connection itself is refused, STOR never went out and no reply is coming: the put must fail
+    at once, not wait out the reply timeout for it."""
+    with HostileFTPServer("closed_pasv") as server:
+        cfg = ServerConfig.from_url(server.url, password="pw", timeout=5.0)
+        with open_transport(cfg) as t:
+            error, elapsed = _attempt(lambda: t.put("/x", io.BytesIO(b"small body")), server, limit=5.0 + 10)
+    assert isinstance(error, TransportError) and not isinstance(error, OutcomeUnknown), repr(error)
+    assert elapsed < 5.0  # less than one reply timeout
+    assert not [c for c in server.commands if c.startswith("STOR")]

@@ -50,7 +50,6 @@ import builtins
 import ftplib
 import io
 import logging
-import math
 import posixpath
 import re
 import select
@@ -449,7 +448,7 @@ class FTPTransport(Transport):
         remote = self._remote(path)
         start = stream_position(stream)
         # A small body in memory goes out without waiting for the server's 150 (see EARLY_STOR_MAX).
-        early = self._context is None and _remaining(stream, start) <= EARLY_STOR_MAX
+        early = self._context is None and _small_in_memory(stream, start)
 
         def op(s: _Session, progress: Progress) -> int:
             if start is not None:
@@ -463,9 +462,11 @@ class FTPTransport(Transport):
                         total += len(chunk)
                     _unwrap(conn)
             except OSError:
-                if early:
+                if early and progress.sent:
                     # A server that refused the STOR may have reset the connection the body went
-                    # into: its reply says why (and is raised as such), and keeps the session in step.
+                    # into: its reply says why (and is raised as such), and keeps the session in
+                    # step.  (Not when the data connection failed before STOR went out: no reply
+                    # is coming then.)
                     _transfer_opened(s.ftp)
                 raise
             if early:
@@ -1137,13 +1138,12 @@ def _transfer_opened(ftp: ftplib.FTP) -> None:
         raise ftplib.error_reply(resp)
 
 
-def _remaining(stream: BinaryIO, start: int | None) -> int | float:
-    """Bytes left to read in an in-memory ``stream`` from ``start``; infinity when not known
-    without reading it."""
+def _small_in_memory(stream: BinaryIO, start: int | None) -> bool:
+    """Whether ``stream`` is in memory with at most EARLY_STOR_MAX bytes left from ``start``."""
     if start is None or not isinstance(stream, io.BytesIO):
-        return math.inf
+        return False
     with stream.getbuffer() as view:
-        return view.nbytes - start
+        return view.nbytes - start <= EARLY_STOR_MAX
 
 
 def _unwrap(conn: socket.socket) -> None:

@@ -23,7 +23,9 @@ misbehaves in the one way it was told to (``behaviour``):
 ``mlsd``
     advertises MLSD, and answers MLSD with ``listing`` (raw bytes: odd names, odd facts...);
 ``list``
-    does not advertise MLSD, and answers LIST with ``listing``.
+    does not advertise MLSD, and answers LIST with ``listing``;
+``closed_pasv``
+    answers PASV with a port nothing listens on, so every data connection is refused.
 
 With ``pasv_host`` (a loopback address other than 127.0.0.1, such as 127.0.0.2), every PASV
 reply names that host instead of the server's own, with a port on which the server listens on
@@ -162,7 +164,7 @@ class HostileFTPServer(_LoopbackServer):
                  tls: tuple[Path, Path] | None = None, listing: bytes = b"",
                  pasv_host: str | None = None) -> None:
         if behaviour not in ("welcome", "feat", "feat_flood", "retr", "retr_flood", "dele", "auth_inject",
-                             "mlsd", "list"):
+                             "mlsd", "list", "closed_pasv"):
             raise ValueError(f"unknown behaviour {behaviour!r}")
         self.behaviour = behaviour
         self.interval = interval
@@ -242,6 +244,10 @@ class HostileFTPServer(_LoopbackServer):
                 conn.sendall(b"211-Features:\r\n SIZE\r\n" + mlsd + b"211 End\r\n")
             elif verb in ("TYPE", "OPTS", "NOOP"):
                 conn.sendall(b"200 ok\r\n")
+            elif verb == "PASV" and self.behaviour == "closed_pasv":
+                listener, port = self._passive_listener()
+                _shut(listener)  # nothing listens there any more: a data connection is refused
+                conn.sendall(f"227 Entering Passive Mode (127,0,0,1,{port >> 8},{port & 255})\r\n".encode())
             elif verb == "PASV":
                 data_listener, port = self._passive_listener()
                 host = (self.pasv_host or "127.0.0.1").replace(".", ",")
