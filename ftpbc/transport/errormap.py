@@ -235,15 +235,27 @@ class _Mapped(AbstractContextManager[None]):
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if exc is None or isinstance(exc, TransportError):
+        if exc is None:
             return
-        if isinstance(exc, OSError | EOFError):
-            sent = self.progress.sent if self.progress is not None else False
-            raise translate_os_error(exc, server=self.server, path=self.path, sent=sent,
-                                     connecting=self.connecting) from exc
-        if self.ftp and isinstance(exc, ftplib.Error):
-            raise translate_ftp_reply(exc, server=self.server, path=self.path,
-                                      connecting=self.connecting) from exc
+        mapped = translated(exc, self.server, self.path, self.progress, connecting=self.connecting,
+                            ftp=self.ftp)
+        if mapped is not None:
+            raise mapped from exc
+
+
+def translated(exc: BaseException, server: str, path: str, progress: Progress | None, *,
+               connecting: bool = False, ftp: bool = True) -> TransportError | None:
+    """What :func:`map_ftp_errors` (``ftp``) or :func:`map_os_errors` raises for ``exc``
+    instead of it; None for an exception that leaves as it is (a TransportError already, or
+    not a library error).  For code that maps errors without a ``with`` block."""
+    if isinstance(exc, TransportError):
+        return None
+    if isinstance(exc, OSError | EOFError):
+        sent = progress.sent if progress is not None else False
+        return translate_os_error(exc, server=server, path=path, sent=sent, connecting=connecting)
+    if ftp and isinstance(exc, ftplib.Error):
+        return translate_ftp_reply(exc, server=server, path=path, connecting=connecting)
+    return None
 
 
 def _describe(exc: BaseException) -> str:

@@ -84,8 +84,9 @@ from ftpbc.transport.errormap import (
     ReplyTooLong,
     map_ftp_errors,
     translate_ftp_reply,
+    translated,
 )
-from ftpbc.transport.pool import Pool
+from ftpbc.transport.pool import Pool, breaks_session
 
 T = TypeVar("T")
 
@@ -191,8 +192,34 @@ class _BoundedFTP(ftplib.FTP):
     def getmultiline(self) -> str:
         sock = self.sock
         assert sock is not None
+        started = time.monotonic()
+        if self.connect_deadline is not None or self.raw_lines is not None:
+            return self._multiline(sock, started)
+        # The usual reply: one line, whole in the buffer or in the first read.  That read is
+        # bounded by the socket's timeout, which is the reply's whole budget, so the deadline
+        # bookkeeping of _multiline is needed only for a reply that takes more reads.
+        buf = self._rbuf
+        if not buf:
+            try:
+                chunk = sock.recv(_RECV)
+            except TimeoutError:
+                raise DeadlineExceeded(f"no reply within {sock.gettimeout():g} s "
+                                       "(or only part of one)") from None
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        end = buf.find(b"\n")
+        if 0 <= end <= self.maxline and buf[3:4] != b"-":
+            line = bytes(buf[:end - 1 if end and buf[end - 1] == 0x0D else end])
+            del buf[:end + 1]
+            return line.decode(self.encoding, "replace")
+        return self._multiline(sock, started)
+
+    def _multiline(self, sock: socket.socket, started: float) -> str:
+        """A reply read line by line (see :meth:`getline`) within its deadline, which runs from
+        ``started``."""
         base = sock.gettimeout()
-        self._deadline = time.monotonic() + base if base is not None else None
+        self._deadline = started + base if base is not None else None
         self._budget = base
         if self.connect_deadline is not None and (self._deadline is None
                                                   or self.connect_deadline < self._deadline):
@@ -621,13 +648,25 @@ class FTPTransport(Transport):
     def _run(self, path: str, op: Callable[[_Session, Progress], T], *, timeout: float | None,
              repeatable: bool | Callable[[], bool]) -> T:
         timeout = self.cfg.timeout if timeout is None else timeout
+        pool = self._pool
         for attempt in range(1, len(TRANSIENT_BACKOFF) + 2):
             progress = Progress()
             try:
-                with self._pool.session(timeout) as s, map_ftp_errors(self.server, path,
-                                                                      progress=progress):
+                # Pool.session and map_ftp_errors written out: this wraps every remote command,
+                # and the two context managers cost more than the code they run.
+                s = pool.acquire(timeout)
+                try:
                     _set_timeout(s, timeout)
-                    return op(s, progress)
+                    result = op(s, progress)
+                except BaseException as exc:
+                    mapped = translated(exc, self.server, path, progress)
+                    failure = exc if mapped is None else mapped
+                    pool.release(s, broken=breaks_session(failure))
+                    if mapped is None:
+                        raise
+                    raise mapped from exc
+                pool.release(s)
+                return result
             except ConnectionLost:
                 # The command did not take effect (a dropped session, 421, 425, 450): any
                 # operation may go again, after a growing pause for the busy cases.

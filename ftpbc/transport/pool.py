@@ -86,6 +86,12 @@ RETRYABLE_CONNECT_ERRORS: tuple[type[TransportError], ...] = (ConnectFailed, Con
                                                               TransportTimeout)
 
 
+def breaks_session(exc: BaseException) -> bool:
+    """Whether a session that raised ``exc`` must be closed rather than reused: its protocol
+    state is unknown after one of BROKEN_ERRORS, or after anything that is not ftpbc's own."""
+    return isinstance(exc, BROKEN_ERRORS) or not isinstance(exc, FtpbcError)
+
+
 class Pool(Generic[S]):
     """Up to ``size`` sessions of type ``S``, shared between threads.  See the module docstring."""
 
@@ -313,5 +319,4 @@ class _Lease(Generic[S]):
         if exc is None:
             self._pool.release(self._session)
         else:
-            broken = isinstance(exc, BROKEN_ERRORS) or not isinstance(exc, FtpbcError)
-            self._pool.release(self._session, broken=broken)
+            self._pool.release(self._session, broken=breaks_session(exc))
