@@ -84,7 +84,16 @@ STAMP_FORMAT = "%Y%m%dT%H%M%S"
 def stamp(when: datetime) -> str:
     """``20261122T013045.123Z`` for an aware datetime (converted to UTC)."""
     utc = when.astimezone(UTC)
-    return f"{utc.strftime(STAMP_FORMAT)}.{utc.microsecond // 1000:03d}Z"
+    # strftime once per second, not per name: every archived message takes a stamp.
+    second = utc.replace(microsecond=0)
+    cached = _stamped[0]
+    if cached[0] != second:
+        cached = (second, utc.strftime(STAMP_FORMAT))
+        _stamped[0] = cached
+    return f"{cached[1]}.{utc.microsecond // 1000:03d}Z"
+
+
+_stamped: list[tuple[datetime | None, str]] = [(None, "")]  # (a whole UTC second, its stamp)
 
 
 def parse_stamp(text: str) -> datetime | None:
