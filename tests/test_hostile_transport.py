@@ -367,8 +367,12 @@ def test_an_endless_multiline_reply_is_refused_at_64_kib() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_trickled_reply_to_a_command_is_outcome_unknown_within_the_timeout() -> None:
-    with HostileFTPServer("dele", interval=0.2) as server:
+@pytest.mark.parametrize("behaviour", ["dele", "dele_silent"])
+def test_a_reply_to_a_command_trickled_or_never_sent_is_outcome_unknown_within_the_timeout(
+        behaviour: str) -> None:
+    # "dele": the reply trickles in, so its deadline is kept across reads; "dele_silent": not a
+    # byte of it comes, so the reply's first read times out.
+    with HostileFTPServer(behaviour, interval=0.2) as server:
         cfg = ServerConfig.from_url(server.url, password="pw", timeout=1.0)
         with open_transport(cfg) as t:
             error, elapsed = _attempt(lambda: t.delete("/x"), server, limit=1.0 + 10)

@@ -203,16 +203,14 @@ class _BoundedFTP(ftplib.FTP):
             try:
                 chunk = sock.recv(_RECV)
             except TimeoutError:
-                raise DeadlineExceeded(f"no reply within {sock.gettimeout():g} s "
-                                       "(or only part of one)") from None
+                self._budget = sock.gettimeout()
+                raise self._late() from None
             if not chunk:
                 raise EOFError
             buf += chunk
         end = buf.find(b"\n")
         if 0 <= end <= self.maxline and buf[3:4] != b"-":
-            line = bytes(buf[:end - 1 if end and buf[end - 1] == 0x0D else end])
-            del buf[:end + 1]
-            return line.decode(self.encoding, "replace")
+            return self._take_line(end)
         return self._multiline(sock, started)
 
     def _multiline(self, sock: socket.socket, started: float) -> str:
@@ -282,6 +280,11 @@ class _BoundedFTP(ftplib.FTP):
             raise ReplyTooLong(f"reply line longer than {self.maxline} bytes")
         if self.raw_lines is not None:
             self.raw_lines.append(bytes(buf[:end]))  # with its CR, if it had one
+        return self._take_line(end)
+
+    def _take_line(self, end: int) -> str:
+        """The buffer's first line, whose newline is at ``end``: removed, without its CRLF."""
+        buf = self._rbuf
         line = bytes(buf[:end - 1 if end and buf[end - 1] == 0x0D else end])
         del buf[:end + 1]
         return line.decode(self.encoding, "replace")

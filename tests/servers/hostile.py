@@ -164,7 +164,7 @@ class HostileFTPServer(_LoopbackServer):
                  tls: tuple[Path, Path] | None = None, listing: bytes = b"",
                  pasv_host: str | None = None) -> None:
         if behaviour not in ("welcome", "feat", "feat_flood", "retr", "retr_flood", "dele", "auth_inject",
-                             "mlsd", "list", "closed_pasv"):
+                             "mlsd", "list", "closed_pasv", "dele_silent"):
             raise ValueError(f"unknown behaviour {behaviour!r}")
         self.behaviour = behaviour
         self.interval = interval
@@ -275,6 +275,9 @@ class HostileFTPServer(_LoopbackServer):
                 data, _ = data_listener.accept()
                 self._t.track(data)
                 self._trickle(data)
+                return
+            elif verb == "DELE" and self.behaviour == "dele_silent":
+                self._t.stopped.wait()  # no reply, not a byte of one
                 return
             elif verb == "DELE" and self.behaviour == "dele":
                 self._trickle(conn, b"250 deleted, eventually" + b"." * 10_000 + b"\r\n")
