@@ -36,10 +36,11 @@ Why the node id travels in the name
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from ftpbc.paths import check_name, join, normalize
+from ftpbc.stamps import WholeSeconds
 
 Direction = Literal["in", "out"]
 
@@ -84,16 +85,12 @@ STAMP_FORMAT = "%Y%m%dT%H%M%S"
 def stamp(when: datetime) -> str:
     """``20261122T013045.123Z`` for an aware datetime (converted to UTC)."""
     utc = when.astimezone(UTC)
-    # strftime once per second, not per name: every archived message takes a stamp.
-    second = utc.replace(microsecond=0)
-    cached = _stamped[0]
-    if cached[0] != second:
-        cached = (second, utc.strftime(STAMP_FORMAT))
-        _stamped[0] = cached
-    return f"{cached[1]}.{utc.microsecond // 1000:03d}Z"
+    return f"{_SECONDS.text((utc - _EPOCH) // _ONE_SECOND)}.{utc.microsecond // 1000:03d}Z"
 
 
-_stamped: list[tuple[datetime | None, str]] = [(None, "")]  # (a whole UTC second, its stamp)
+_SECONDS = WholeSeconds(STAMP_FORMAT)  # every archived message takes a stamp
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_SECOND = timedelta(seconds=1)
 
 
 def parse_stamp(text: str) -> datetime | None:

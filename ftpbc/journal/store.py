@@ -49,12 +49,12 @@ import uuid
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote, unquote
 
 from ftpbc.errors import JournalError
 from ftpbc.private_files import DIR_MODE, FILE_MODE, open_private, private_dir, tighten
+from ftpbc.stamps import WholeSeconds
 
 log = logging.getLogger(__name__)
 
@@ -119,18 +119,13 @@ def _decode(parts: Iterable[str]) -> dict[str, str]:
     return out
 
 
-_second: list[tuple[int, str]] = [(-1, "")]  # (epoch second, its formatted prefix)
+_SECONDS = WholeSeconds("%Y-%m-%dT%H:%M:%S.")  # a busy node writes thousands of records a second
 
 
 def _now() -> str:
-    # strftime once per second, not per record: a busy node writes thousands a second.
     now = time.time()
     second = int(now)
-    cached = _second[0]
-    if cached[0] != second:
-        cached = (second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S."))
-        _second[0] = cached
-    return f"{cached[1]}{int((now - second) * 1000):03d}Z"
+    return f"{_SECONDS.text(second)}{int((now - second) * 1000):03d}Z"
 
 
 def _apply(pending: dict[str, Operation], op_id: str, event: str, fields: dict[str, str]) -> bool:
