@@ -170,16 +170,35 @@ def map_os_errors(server: str, path: str = "", *, progress: Progress | None = No
 _LIMIT_WORDS = re.compile(r"too many|maximum|\bmax\b|limit|already (connected|logged in)")
 
 
+#: vsftpd's reply when the process behind a session failed (``500 OOPS: priv_sock_send_cmd``
+#: while the server restarts, and the like): the session is gone, whatever the command was
+_SESSION_DIED = re.compile(r"^500 OOPS:")
+#: ...except an allocation that failed for the command's sake (a listing too large to hold),
+#: which says something about the request, not about the session
+_REFUSED_FOR_SIZE = re.compile(r"\bmalloc\b|\balloc", re.IGNORECASE)
+
+
 def translate_ftp_reply(exc: ftplib.Error, *, server: str, path: str = "",
-                        connecting: bool = False) -> TransportError:
+                        connecting: bool = False, sent: bool = True) -> TransportError:
     """The TransportError for an FTP error reply (``ftplib.error_perm``, ``error_temp``...).
 
     550 is "file unavailable": NotFound unless the text says permission, then PermissionDenied.
     Callers that know more (RNFR's 550 means SourceGone) catch the result and refine it.
+    A reply saying the server's session died (vsftpd's ``500 OOPS:``) is a dropped session,
+    not a refusal: ConnectionLost when no state-changing command was ``sent`` (it is retried
+    like any dropped session), OutcomeUnknown when one was (the caller checks the server).
     """
     reply = str(exc).strip()
     code = reply[:3]
     low = reply.lower()
+    if _SESSION_DIED.match(reply) and not _REFUSED_FOR_SIZE.search(reply):
+        if connecting:
+            return ConnectFailed(f"the server's session died during login: {reply}", server=server, path=path)
+        if sent:
+            return OutcomeUnknown(f"the server's session died after the command was sent: {reply}",
+                                  server=server, path=path)
+        return ConnectionLost(f"the server's session died; the operation did not take effect: {reply}",
+                              server=server, path=path)
     if isinstance(exc, BadReply):
         return ProtocolError(reply, server=server, path=path)
     if isinstance(exc, ftplib.error_proto | ftplib.error_reply) or not code.isdigit():
@@ -254,7 +273,8 @@ def translated(exc: BaseException, server: str, path: str, progress: Progress | 
         sent = progress.sent if progress is not None else False
         return translate_os_error(exc, server=server, path=path, sent=sent, connecting=connecting)
     if ftp and isinstance(exc, ftplib.Error):
-        return translate_ftp_reply(exc, server=server, path=path, connecting=connecting)
+        sent = progress.sent if progress is not None else False
+        return translate_ftp_reply(exc, server=server, path=path, connecting=connecting, sent=sent)
     return None
 
 

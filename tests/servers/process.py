@@ -55,10 +55,10 @@ def kill_sessions(proc: subprocess.Popen[bytes], name: str) -> None:
             child.kill()
         except psutil.NoSuchProcess:
             pass
-    wait_until(lambda: all(_gone(c) for c in children), timeout=5, what=f"{name} sessions to die")
+    wait_until(lambda: all(gone(c) for c in children), timeout=5, what=f"{name} sessions to die")
 
 
-def _gone(p: psutil.Process) -> bool:
+def gone(p: psutil.Process) -> bool:
     try:
         return p.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:

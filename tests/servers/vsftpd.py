@@ -28,11 +28,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.servers.handle import ServerHandle
-from tests.servers.process import ListeningProcess, ServerInstance, accepts, require_root
-from tests.support import free_port, require_binary
+from tests.servers.process import ListeningProcess, ServerInstance, accepts, gone, require_root
+from tests.support import free_port, require_binary, wait_until
 
 #: user and PAM service names get a per-run suffix: parallel test runs must not reset each
 #: other's password or delete each other's user.
@@ -64,6 +65,20 @@ class VsftpdProcess(ListeningProcess):
     def _listening(self) -> bool:
         assert self.proc is not None
         return accepts(self.proc, self.port, "vsftpd", self.log, read_banner=True, host=self.address)
+
+    def kill_session_helpers(self) -> None:
+        """Kill the privileged helper of every session (the listener's children) and keep the
+        processes that talk to the clients (their children): each open session then answers its
+        next command that needs the helper (PASV, EPSV...) with ``500 OOPS: priv_sock_...``, as
+        sessions do while vsftpd is being restarted."""
+        assert self.proc is not None
+        helpers = psutil.Process(self.proc.pid).children()
+        for helper in helpers:
+            try:
+                helper.kill()
+            except psutil.NoSuchProcess:
+                pass
+        wait_until(lambda: all(gone(h) for h in helpers), timeout=5, what="vsftpd session helpers to die")
 
 
 def _config(root: Path, workdir: Path, port: int, pam_service: str, address: str = "127.0.0.1") -> str:
@@ -120,7 +135,10 @@ def vsftpd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHa
     require_root("vsftpd", "it creates a login user and chroots")
 
     with running_vsftpd(binary, tmp_path_factory.mktemp("vsftpd")) as v:
-        yield v.handle("vsftpd")
+        handle = v.handle("vsftpd")
+        assert isinstance(v.server, VsftpdProcess)
+        handle.controls["kill_session_helpers"] = v.server.kill_session_helpers
+        yield handle
 
 
 @contextmanager
