@@ -203,13 +203,24 @@ def _with_crc(text: bytes) -> bytes:
     return b"%s #%08x" % (text, zlib.crc32(text))
 
 
-def test_a_damaged_record_stops_replay_naming_file_and_line(tmp_path: Path) -> None:
+def _side_files(path: Path) -> list[Path]:
+    return sorted(path.parent.glob(path.name + ".damaged-*"))
+
+
+def test_a_damaged_record_is_set_aside_naming_file_and_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = _journal_with_two_sends(tmp_path)
     _rewrite_line(path, 1, lambda line: line.replace(b"req.u1", b"req.u9"))  # a flipped byte
-    with pytest.raises(store_module.JournalError) as info:
-        _reopen(tmp_path)
-    message = str(info.value)
-    assert f"{path}:1:" in message and "checksum" in message and "\n" not in message
+    damaged = path.read_bytes().split(b"\n")[0]
+    assert [o.op_id for o in _reopen(tmp_path)] == ["u2.send"]  # every other record is used
+    [side] = _side_files(path)
+    assert side.read_bytes() == damaged + b"\n"
+    [line] = [r.getMessage() for r in caplog.records if "set aside" in r.getMessage()]
+    assert f"{path}: 1 damaged record(s) (line 1 at offset 0" in line and "checksum" in line, line
+    assert str(side) in line and "\n" not in line
+    # The journal was rewritten without it: the next opening finds nothing more to set aside.
+    assert [o.op_id for o in _reopen(tmp_path)] == ["u2.send"]
+    assert _side_files(path) == [side]
 
 
 def test_a_record_cut_inside_its_body_is_never_replayed(tmp_path: Path) -> None:
@@ -222,15 +233,18 @@ def test_a_record_cut_inside_its_body_is_never_replayed(tmp_path: Path) -> None:
     j.close()
     # Cut the first record inside its body (as a lost tail of a write would), the next one intact.
     _rewrite_line(ep.path, 1, lambda line: line[: line.index(b"body=") + 8])
-    with pytest.raises(store_module.JournalError, match=r":1: journal record .*\(damaged or cut\)"):
-        _reopen(tmp_path)
+    assert [o.op_id for o in _reopen(tmp_path)] == ["u2.send"]
+    assert len(_side_files(ep.path)) == 1
 
 
-def test_a_record_whose_checksum_holds_but_is_not_utf8_is_refused(tmp_path: Path) -> None:
+def test_a_record_whose_checksum_holds_but_is_not_utf8_is_set_aside(tmp_path: Path) -> None:
     path = _journal_with_two_sends(tmp_path)
     _rewrite_line(path, 2, lambda line: _with_crc(line.rsplit(b" #", 1)[0].replace(b"req.u2", b"req.\xff2")))
-    with pytest.raises(store_module.JournalError, match=r":2: journal record is not UTF-8"):
-        _reopen(tmp_path)
+    reading = store_module.read_journal(path)
+    assert [(d.line, d.reason) for d in reading.damaged] == [(2, "journal record is not UTF-8")]
+    assert reading.torn is None  # its checksum holds: written whole, so not a torn write
+    assert [o.op_id for o in _reopen(tmp_path)] == ["u1.send"]
+    assert len(_side_files(path)) == 1
 
 
 @pytest.mark.parametrize(("record", "expected"), [
@@ -240,13 +254,15 @@ def test_a_record_whose_checksum_holds_but_is_not_utf8_is_refused(tmp_path: Path
      "journal record 'served' lacks body"),
     (b"u3.serve served claim=/q/inselect/req.u3~n body=eA==", "journal record 'served' lacks commit"),
 ])
-def test_records_missing_what_their_event_needs_are_refused(tmp_path: Path, record: bytes,
-                                                            expected: str) -> None:
+def test_records_missing_what_their_event_needs_are_set_aside(tmp_path: Path, record: bytes,
+                                                              expected: str) -> None:
     path = _journal_with_two_sends(tmp_path)
     with open(path, "ab") as fh:
         fh.write(_with_crc(b"2026-11-22T01:02:03.123Z " + record) + b"\n")
-    with pytest.raises(store_module.JournalError, match=re.escape(f"{path}:3: {expected}")):
-        _reopen(tmp_path)
+    assert [(d.line, d.reason) for d in store_module.read_journal(path).damaged] == [(3, expected)]
+    assert [o.op_id for o in _reopen(tmp_path)] == ["u1.send", "u2.send"]
+    [side] = _side_files(path)
+    assert record in side.read_bytes()
 
 
 def test_a_journal_of_the_previous_release_is_read_and_rewritten_with_checksums(tmp_path: Path) -> None:
@@ -266,8 +282,10 @@ def test_a_journal_of_the_previous_release_is_read_and_rewritten_with_checksums(
     with open(path, "ab") as fh:  # an unchecksummed record after checksummed ones: damage, not age
         fh.write(old.replace(b"u0", b"u2"))
         fh.write(_with_crc(b"2026-11-22T01:02:03.123Z u3.send send stage=s target=t") + b"\n")
-    with pytest.raises(store_module.JournalError, match=r":3: journal record without its checksum"):
-        _reopen(tmp_path)
+    reading = store_module.read_journal(path)
+    assert [(d.line, d.reason) for d in reading.damaged] == [
+        (3, "journal record without its checksum (damaged or cut)")]
+    assert [o.op_id for o in _reopen(tmp_path)] == ["u0.send", "u1.send", "u3.send"]
 
 
 def test_a_damaged_side_file_result_is_never_delivered(tmp_path: Path) -> None:
@@ -279,7 +297,7 @@ def test_a_damaged_side_file_result_is_never_delivered(tmp_path: Path) -> None:
         ep.load_result(fields)
 
 
-def test_ftpbc_journal_names_the_damaged_line_and_fails(cluster: Cluster) -> None:
+def test_ftpbc_journal_names_the_damaged_line_and_recover_sets_it_aside(cluster: Cluster) -> None:
     j = Journal(cluster.journal_dir, "n1")
     ep = j.endpoint(ENDPOINT)
     ep.record("u1.send", "send", durable=True, kind="request", stage="/q/instage/req.u1~n1",
@@ -288,9 +306,18 @@ def test_ftpbc_journal_names_the_damaged_line_and_fails(cluster: Cluster) -> Non
               target="/q/inbox/req.u2")
     j.close()
     _rewrite_line(ep.path, 1, lambda line: line.replace(b"request", b"requesT"))
-    for command in ("journal", "recover"):
-        r = run_cli(cluster, command, node_id="n1")
-        assert r.returncode != 0, (command, r.stdout, r.stderr)
-        errors = [line for line in r.stderr.splitlines() if line.strip()]
-        assert len(errors) == 1, (command, r.stderr)
-        assert f"{ep.path}:1:" in errors[0] and "checksum" in errors[0], (command, r.stderr)
+    r = run_cli(cluster, "journal", node_id="n1")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "u2.send" in r.stdout and "u1.send" not in r.stdout, r.stdout
+    [problem] = [line for line in r.stdout.splitlines() if line.startswith("journal ")]
+    assert problem.startswith(f"journal {ep.path}: 1 damaged record(s) (line 1 at offset 0") \
+        and "checksum" in problem and "set aside when the node next opens" in problem, problem
+    r = run_cli(cluster, "recover", node_id="n1")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    [side] = _side_files(ep.path)
+    r = run_cli(cluster, "journal", node_id="n1")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert r.stdout.splitlines()[-1] == f"journal {ep.path}: 1 damaged record(s) set aside in {side}", r.stdout
+    side.unlink()  # inspected and dealt with: nothing left to say
+    r = run_cli(cluster, "journal", node_id="n1")
+    assert not [line for line in r.stdout.splitlines() if line.startswith("journal ")], r.stdout

@@ -134,22 +134,26 @@ def _client_ids(config: Config) -> list[str]:
 @node_id_option
 @json_option
 def journal(config_path: str, node_id: str | None, as_json: bool) -> None:
-    """List this node's pending journal operations (what recovery would act on)."""
+    """List this node's pending journal operations (what recovery would act on), then any
+    damaged records, set aside or still to be (one line each: what recovery went without)."""
     config = load(config_path, node_id)
     directory = Path(config.node.journal_dir) / config.node.id
     # With --json, stdout is the document alone; the hint about other node ids stays on stderr.
     found = _has_journal(config)
     pending = Journal.read_pending(Path(config.node.journal_dir), config.node.id) if found else {}
+    problems = Journal.read_problems(Path(config.node.journal_dir), config.node.id) if found else []
     rows = [{"endpoint": endpoint, "op_id": op.op_id, "events": list(op.events),
              "where": op.fields.get("target") or op.fields.get("dst") or op.fields.get("claim", "")}
             for endpoint, ops in pending.items() for op in ops]
     if as_json:
-        click.echo(json.dumps({"node": config.node.id, "directory": str(directory), "pending": rows},
-                              indent=2))
+        click.echo(json.dumps({"node": config.node.id, "directory": str(directory), "pending": rows,
+                               "problems": problems}, indent=2))
         return
     for row in rows:
         click.echo(f"{row['endpoint']}\t{row['op_id']}\t{' > '.join(row['events'])}\t{row['where']}")
     click.echo(f"{len(rows)} pending operation(s) in {directory}")
+    for problem in problems:
+        click.echo(problem)
 
 
 def _has_journal(config: Config, *, quiet: bool = False) -> bool:

@@ -3,6 +3,6 @@
 Recovery, which decides each pending operation from the journal plus the server, belongs to
 the exchange layer (:mod:`ftpbc.exchange.recovery`)."""
 
-from ftpbc.journal.store import EndpointJournal, Journal, Operation
+from ftpbc.journal.store import EndpointJournal, Journal, Operation, journal_problems
 
-__all__ = ["EndpointJournal", "Journal", "Operation"]
+__all__ = ["EndpointJournal", "Journal", "Operation", "journal_problems"]

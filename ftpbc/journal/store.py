@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import itertools
 import logging
 import os
 import re
@@ -167,11 +168,11 @@ def _line(stamp: str, op_id: str, event: str, fields: dict[str, str]) -> bytes:
     return b"%s #%08x\n" % (text, zlib.crc32(text))
 
 
-def _check_record(path: Path, number: int, event: str, fields: dict[str, str]) -> None:
-    """Refuse a record whose event is unknown or that lacks a field its event needs."""
+def _refusal(event: str, fields: dict[str, str]) -> str | None:
+    """Why a record whose event is unknown or that lacks a field its event needs is refused."""
     required = REQUIRED_FIELDS.get(event)
     if required is None:
-        raise JournalError(f"{path}:{number}: unknown journal event {event!r}")
+        return f"unknown journal event {event!r}"
     missing = [k for k in required if k not in fields]
     if event == "served":
         if not any(k in fields for k in _COMMIT_FIELDS):
@@ -181,7 +182,8 @@ def _check_record(path: Path, number: int, event: str, fields: dict[str, str]) -
                 and "body_file" not in fields:
             missing.append("body")
     if missing:
-        raise JournalError(f"{path}:{number}: journal record {event!r} lacks {', '.join(missing)}")
+        return f"journal record {event!r} lacks {', '.join(missing)}"
+    return None
 
 
 def _has_checksum(raw: bytes) -> bool:
@@ -196,66 +198,167 @@ def is_legacy(lines: list[bytes]) -> bool:
     return bool(records) and not any(_has_checksum(raw) for raw in records)
 
 
-def parse_journal(path: Path, *, repair: bool = False) -> dict[str, Operation]:
-    """The pending operations recorded in journal file ``path`` (empty if it does not exist).
+class _Unusable(Exception):
+    """A line that is not a usable record; its text says why (no file, no line number)."""
 
-    A last record without its newline was torn by a kill mid-write, so before its remote step:
-    it is ignored, and with ``repair`` cut off the file, or the next append would be glued to it.
+    def __init__(self, reason: str, *, cut: bool = False) -> None:
+        super().__init__(reason)
+        #: the bytes are not those written (checksum, none): what a write cut short leaves
+        self.cut = cut
 
-    Every other record must be whole: its checksum right, its text UTF-8, its event known and
-    the fields that event needs present.  The first record that is not raises a one-line
-    JournalError naming the file and the line; nothing after it is guessed at.
+
+def _parse_record(raw: bytes, checked: bool) -> tuple[str, str, dict[str, str]]:
+    """``(op_id, event, fields)`` of one record line, or :class:`_Unusable`."""
+    if not checked:
+        body = raw  # the whole file was written by the previous release
+    elif _has_checksum(raw):
+        body = raw[:-10]
+        try:
+            ok = int(raw[-8:], 16) == zlib.crc32(body)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise _Unusable("journal record fails its checksum (damaged or cut)", cut=True)
+    else:
+        raise _Unusable("journal record without its checksum (damaged or cut)", cut=True)
+    try:
+        line = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Unusable("journal record is not UTF-8") from None
+    parts = line.split(" ")
+    if len(parts) < 3 or not parts[1] or any("=" not in p for p in parts[3:]):
+        raise _Unusable(f"unreadable journal record {line[:80]!r}")
+    _, op_id, event, *rest = parts
+    fields = _decode(rest)
+    refused = _refusal(event, fields)
+    if refused is not None:
+        raise _Unusable(refused)
+    return op_id, event, fields
+
+
+#: where a record begins: its time stamp and the space after it (see _now)
+_RECORD_START = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ")
+
+
+def _salvage(raw: bytes) -> tuple[int, tuple[str, str, dict[str, str]]] | None:
+    """A whole record written behind a cut one on the same line: where it begins, and it.
+
+    An older release appended behind a record that a full disk had cut, so the two share a
+    line.  The checksum of the candidate decides (a false match is a 1 in 2**32 chance).
+    """
+    for match in _RECORD_START.finditer(raw, 1):
+        try:
+            return match.start(), _parse_record(raw[match.start():], True)
+        except _Unusable:
+            continue
+    return None
+
+
+@dataclass
+class Damage:
+    """Bytes of a journal file that are not a usable record: where they begin and why."""
+
+    line: int
+    offset: int
+    raw: bytes
+    reason: str
+
+    def where(self) -> str:
+        return f"line {self.line} at offset {self.offset}"
+
+
+def _where(damaged: list[Damage]) -> str:
+    """Where the first few of ``damaged`` are, for a one-line message."""
+    return ", ".join(d.where() for d in damaged[:5]) + (", ..." if len(damaged) > 5 else "")
+
+
+@dataclass
+class Reading:
+    """What :func:`read_journal` found in one file."""
+
+    pending: dict[str, Operation]
+    #: unusable records before the last one, in file order: set aside, never guessed at
+    damaged: list[Damage] = field(default_factory=list)
+    #: the last record, cut by a write that did not finish (no newline, or its checksum fails)
+    torn: Damage | None = None
+
+
+def read_journal(path: Path) -> Reading:
+    """Read journal file ``path`` (nothing pending if it does not exist); never writes.
+
+    Every record must be whole to be used: its checksum right, its text UTF-8, its event known
+    and the fields that event needs present.  A record that is not is never guessed at: it is
+    reported, and its operation is decided as if it had not been written.
+
+    * The last record, when it has no newline or fails its checksum, is :attr:`Reading.torn`:
+      a write that did not finish (a kill, a full disk), so before the step it announced.
+    * Any other unusable record is in :attr:`Reading.damaged`; every record around it is used.
+      A cut record with a whole one written behind it on the same line (what an older release
+      left after a full disk) gives up only its cut part.
 
     A file of the previous release has no checksum on any record and is read as such (opening it
     for writing rewrites it with checksums at once).  A file with one checksummed record is of
     this release throughout: a record without its checksum there is damage, not age.
+    Raises JournalError only when the file cannot be read at all.
     """
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        return {}
+        return Reading({})
     except OSError as exc:
         raise JournalError(f"{path}: cannot read journal: {exc.strerror}") from None
-    if data and not data.endswith(b"\n"):
-        data = data[: data.rfind(b"\n") + 1]
-        if repair:
-            try:
-                with open(path, "r+b") as fh:
-                    fh.truncate(len(data))
-            except OSError as exc:
-                raise JournalError(f"{path}: cannot cut torn record: {exc.strerror}") from None
-    pending: dict[str, Operation] = {}
+    reading = Reading({})
     lines = data.split(b"\n")
-    checked = not is_legacy(lines)
-    for number, raw in enumerate(lines, 1):
+    complete = lines[:-1]  # the piece after the last newline is empty or a torn record
+    if lines[-1]:
+        reading.torn = Damage(len(lines), len(data) - len(lines[-1]), lines[-1],
+                              "last record without its newline (cut mid-write)")
+    last = max((i for i, raw in enumerate(complete) if raw.strip()), default=-1)
+    checked = not is_legacy(complete)
+    offset = 0
+    for index, raw in enumerate(complete):
+        here = offset
+        offset += len(raw) + 1
         if not raw.strip():
             continue
-        if not checked:
-            body = raw  # the whole file was written by the previous release
-        elif _has_checksum(raw):
-            body = raw[:-10]
-            try:
-                ok = int(raw[-8:], 16) == zlib.crc32(body)
-            except ValueError:
-                ok = False
-            if not ok:
-                raise JournalError(f"{path}:{number}: journal record fails its checksum (damaged or cut): "
-                                   f"{raw[:80]!r}")
-        else:
-            raise JournalError(f"{path}:{number}: journal record without its checksum (damaged or cut): "
-                               f"{raw[:80]!r}")
         try:
-            line = body.decode("utf-8")
-        except UnicodeDecodeError:
-            raise JournalError(f"{path}:{number}: journal record is not UTF-8: {raw[:80]!r}") from None
-        parts = line.split(" ")
-        if len(parts) < 3 or not parts[1] or any("=" not in p for p in parts[3:]):
-            raise JournalError(f"{path}:{number}: unreadable journal record {line[:80]!r}")
-        _, op_id, event, *rest = parts
-        fields = _decode(rest)
-        _check_record(path, number, event, fields)
-        _apply(pending, op_id, event, fields)
-    return pending
+            record = _parse_record(raw, checked)
+        except _Unusable as exc:
+            salvaged = _salvage(raw) if exc.cut and checked else None
+            if salvaged is not None:
+                start, record = salvaged
+                reading.damaged.append(Damage(index + 1, here, raw[:start],
+                                              "cut record, a whole one written behind it"))
+            elif exc.cut and index == last and reading.torn is None:
+                reading.torn = Damage(index + 1, here, raw, str(exc))
+                break
+            else:
+                reading.damaged.append(Damage(index + 1, here, raw, str(exc)))
+                continue
+        _apply(reading.pending, *record)
+    return reading
+
+
+def parse_journal(path: Path) -> dict[str, Operation]:
+    """The pending operations recorded in journal file ``path``, read by :func:`read_journal`
+    (unusable records left out)."""
+    return read_journal(path).pending
+
+
+#: a side file of damaged records: ``<journal file>.damaged-<UTC stamp>[.<n>]``
+_SIDE_FILE = re.compile(r"(?P<journal>.+\.journal)\.damaged-\d{8}T\d{6}Z(\.\d+)?")
+
+
+def _new_side_file(path: Path) -> tuple[Path, int]:
+    """A new side file beside journal file ``path`` (never an existing one), opened to write."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for n in itertools.count():
+        side = path.with_name(f"{path.name}.damaged-{stamp}" + (f".{n}" if n else ""))
+        try:
+            return side, open_private(side, os.O_WRONLY | os.O_EXCL)
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")  # itertools.count() never ends
 
 
 class EndpointJournal:
@@ -273,6 +376,12 @@ class EndpointJournal:
         self._sync_lock = threading.Lock()
         self._written = 0
         self._synced = 0
+        #: batches an fsync failed to make durable, as ``(synced before, written through)``
+        self._unsynced: list[tuple[int, int]] = []
+        #: why no record is appended any more (the file may end in bytes that could not be cut)
+        self._broken: str | None = None
+        #: what start-up could not put right, for :func:`journal_problems`
+        self._problems: list[str] = []
         self._pending: dict[str, Operation] = {}
         self._ended_since_compaction = 0
         self._load()
@@ -290,7 +399,73 @@ class EndpointJournal:
     # ------------------------------------------------------------------ reading
 
     def _load(self) -> None:
-        self._pending = parse_journal(self.path, repair=True)
+        """Read the file and put right what a reader must not trip over twice.
+
+        A torn last record is cut off (or the next append would be glued to it); damaged
+        records are moved to a side file and the file rewritten without them.  Neither stops
+        the journal: if the damage cannot be moved it stays where it is (reported by
+        :func:`journal_problems`), and only a torn record that cannot be cut makes the
+        journal refuse records.
+        """
+        reading = read_journal(self.path)
+        self._pending = reading.pending
+        if reading.damaged and self._set_aside(reading.damaged):
+            if reading.torn is not None:  # the rewrite left it out
+                self._warn_torn(reading.torn)
+            return
+        if reading.torn is not None:
+            try:
+                with open(self.path, "r+b") as fh:
+                    fh.truncate(reading.torn.offset)
+            except OSError as exc:
+                self._refuse(f"cannot cut its torn last record at offset {reading.torn.offset}: "
+                             f"{exc.strerror}")
+                return
+            self._warn_torn(reading.torn)
+
+    def _warn_torn(self, torn: Damage) -> None:
+        log.warning("%s: torn last record (%s, %d bytes: %s) cut off; its operation is taken as "
+                    "unrecorded", self.path, torn.where(), len(torn.raw), torn.reason)
+
+    def _set_aside(self, damaged: list[Damage]) -> bool:
+        """Copy ``damaged`` to a new side file, then rewrite the journal without them.
+
+        The side file (``<journal>.damaged-<UTC stamp>``, 0600: it may hold message bodies)
+        keeps the bytes as they were, one per line, for a person to inspect; it is never read
+        back.  False, having logged why, when either step fails (a full disk): the file is then
+        left as it was and its damage set aside at a later start-up.
+        """
+        where = _where(damaged)
+        side: Path | None = None
+        try:
+            side, fd = _new_side_file(self.path)
+            with open(fd, "wb") as out:
+                out.write(b"".join(d.raw + b"\n" for d in damaged))
+                out.flush()
+                os.fsync(out.fileno())
+            self._rewrite()
+        except OSError as exc:
+            if side is not None:
+                side.unlink(missing_ok=True)
+            why = (f"{len(damaged)} damaged record(s) ({where}) could not be set aside "
+                   f"({exc.strerror}); every other record is used")
+            self._problems.append(f"journal {self.path}: {why}")
+            log.error("%s: %s", self.path, why)
+            return False
+        log.error("%s: %d damaged record(s) (%s: %s) set aside in %s; every other record is used",
+                  self.path, len(damaged), where, damaged[0].reason, side)
+        return True
+
+    def _refuse(self, why: str) -> None:
+        """Refuse every record from now on: appending behind bytes that are not a whole record
+        would make the next start-up take them for damage and set good records aside."""
+        self._broken = why
+        log.error("%s: %s; the journal refuses records until the node restarts", self.path, why)
+
+    def problems(self) -> list[str]:
+        """What this journal could not put right, one line each (see :func:`journal_problems`)."""
+        broken = [f"journal {self.path}: refuses records: {self._broken}"] if self._broken else []
+        return [*self._problems, *broken]
 
     def _legacy(self) -> bool:
         try:
@@ -323,12 +498,21 @@ class EndpointJournal:
 
         Returns the batch's sequence number: with ``durable`` False, :meth:`wait_durable` of it
         returns once the batch is on disk (the caller's own group commit, see there).
+
+        A batch is appended whole or not at all: a write that fails (a full disk, an I/O error)
+        raises JournalError after cutting the file back to the end of the batch before, so
+        nothing of it is recorded and the next batch (once there is room) follows a whole
+        record.  If that cut fails too, the journal refuses every later record (JournalError)
+        rather than append behind the remains.  Batches of other writers are never touched:
+        they were appended whole before this one, under the same lock.
         """
         if not records:
             return 0
         stamp = _now()
         data = b"".join([_line(stamp, op_id, event, fields) for op_id, event, fields in records])
         with self._lock:
+            if self._broken is not None:
+                raise JournalError(f"{self.path}: journal refuses records: {self._broken}")
             try:
                 done = 0
                 while done < len(data):  # a regular file takes it all at once, save on a full disk
@@ -336,9 +520,10 @@ class EndpointJournal:
                     if not n:
                         raise OSError(errno.ENOSPC, "no byte written")
                     done += n
-                self._size += done
             except OSError as exc:
+                self._cut_back()
                 raise JournalError(f"{self.path}: cannot write journal: {exc.strerror}") from None
+            self._size += done
             self._written += 1
             seq = self._written
             for op_id, event, fields in records:
@@ -369,9 +554,25 @@ class EndpointJournal:
         if self.durable:
             self._sync_through(seq)
 
+    def _cut_back(self) -> None:
+        """After a failed append (under ``_lock``): cut the file back to the end of the last
+        whole batch, whatever part of the failed one reached it; refuse records if that fails."""
+        try:
+            os.ftruncate(self._fh.fileno(), self._size)
+        except OSError as exc:
+            self._refuse(f"a failed append could not be cut back to offset {self._size}: {exc.strerror}")
+
     def _sync_through(self, seq: int) -> None:
-        """Return once record batch ``seq`` (and every one before it) is on disk."""
+        """Return once record batch ``seq`` (and every one before it) is on disk.
+
+        JournalError if an fsync covering it failed, for every writer whose batch it covered,
+        also for one that asks again later: Linux may drop the pages it could not write and
+        report that once, so a later fsync that succeeds says nothing about them.  Batches
+        written after a failed fsync are made durable by the next one as usual.
+        """
         with self._sync_lock:
+            if any(after < seq <= through for after, through in self._unsynced):
+                raise JournalError(f"{self.path}: cannot sync journal: an fsync of this record failed")
             if self._synced >= seq:
                 return  # an fsync that started after our write already covered it
             with self._lock:
@@ -380,6 +581,10 @@ class EndpointJournal:
             try:
                 os.fsync(fd)
             except OSError as exc:
+                if self._unsynced and self._unsynced[-1][0] == self._synced:
+                    self._unsynced[-1] = (self._synced, target)  # the same gap, grown
+                else:
+                    self._unsynced.append((self._synced, target))
                 raise JournalError(f"{self.path}: cannot sync journal: {exc.strerror}") from None
             self._synced = target
 
@@ -408,15 +613,27 @@ class EndpointJournal:
             return False
         try:
             with self._lock:
-                if len(self._pending) != 1 or op_id not in self._pending:
+                if len(self._pending) != 1 or op_id not in self._pending or self._broken is not None:
                     return False
                 self._apply(op_id, "end", {})
                 self._maybe_compact()
-                return True
+                return self._size == 0  # else the end record is appended after all
         finally:
             self._sync_lock.release()
 
     def _maybe_compact(self) -> None:
+        """Compact if due (under both locks).  Housekeeping: a compaction that fails (a full
+        disk) is logged and leaves every record in the file, to be tried again after as many
+        ended operations; a journal refusing records is left as it is."""
+        if self._broken is not None:
+            return
+        try:
+            self._compact()
+        except OSError as exc:
+            self._ended_since_compaction = 0
+            log.warning("%s: cannot compact the journal (%s); every record is kept", self.path, exc.strerror)
+
+    def _compact(self) -> None:
         if not self._pending:
             # Truncation needs no fsync: a resurrected stale record after a crash only makes
             # recovery re-check a finished operation, which is idempotent.
@@ -429,23 +646,33 @@ class EndpointJournal:
         if self._ended_since_compaction < COMPACT_EVERY:
             return
         self._rewrite()
+        try:
+            fh = open(open_private(self.path, os.O_WRONLY | os.O_APPEND), "ab",  # noqa: SIM115
+                      buffering=0)
+        except OSError as exc:
+            # The old handle writes to the file the rename replaced: records there would be lost.
+            self._refuse(f"cannot reopen the journal after compacting it: {exc.strerror}")
+            return
         self._fh.close()
-        self._fh = open(open_private(self.path, os.O_WRONLY | os.O_APPEND), "ab",  # noqa: SIM115
-                        buffering=0)
+        self._fh = fh
         self._size = os.fstat(self._fh.fileno()).st_size
         self._ended_since_compaction = 0
 
     def _rewrite(self) -> None:
         """Replace the file by the records of the pending operations only (fsynced, renamed)."""
         tmp = self.path.with_suffix(".compact")
-        with open(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as out:
-            stamp = _now()
-            for op in self._pending.values():
-                for event in op.events:
-                    out.write(_line(stamp, op.op_id, event, op.fields))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, self.path)
+        try:
+            with open(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as out:
+                stamp = _now()
+                for op in self._pending.values():
+                    for event in op.events:
+                        out.write(_line(stamp, op.op_id, event, op.fields))
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk: give back what the copy took
+            raise
         if self.durable:
             # The rename itself on disk too: a record written just before the compaction (its
             # writer waits for wait_durable) is in the new file only once the directory says so.
@@ -467,14 +694,18 @@ class EndpointJournal:
         """
         if len(body) <= INLINE_RESULT_LIMIT:
             return {"body": base64.b64encode(body).decode("ascii")}
-        if not self.results_dir.is_dir():
-            private_dir(self.results_dir)
         path = self.results_dir / op_id
-        with open(open_private(path, os.O_WRONLY | os.O_TRUNC), "wb") as fh:
-            fh.write(body)
-            fh.flush()
-            if self.durable:
-                os.fsync(fh.fileno())
+        try:
+            if not self.results_dir.is_dir():
+                private_dir(self.results_dir)
+            with open(open_private(path, os.O_WRONLY | os.O_TRUNC), "wb") as fh:
+                fh.write(body)
+                fh.flush()
+                if self.durable:
+                    os.fsync(fh.fileno())
+        except OSError as exc:
+            path.unlink(missing_ok=True)  # a full disk: no part of a result stays behind
+            raise JournalError(f"{path}: cannot save the result: {exc.strerror}") from None
         return {"body_file": path.name, "body_crc": f"{zlib.crc32(body):08x}"}
 
     def load_result(self, fields: dict[str, str]) -> bytes:
@@ -639,6 +870,23 @@ class Journal:
         return {name: ops for name in sorted(self.registry()) if (ops := self.endpoint(name).pending())}
 
     @staticmethod
+    def read_problems(journal_dir: Path, node_id: str) -> list[str]:
+        """:func:`journal_problems`, and the damaged records still in the journal files (set
+        aside when the node next opens them), read from disk like :meth:`read_pending`.
+
+        A torn last record is not reported: a record being written looks just like it."""
+        directory = Path(journal_dir) / node_id
+        out = journal_problems(journal_dir, node_id)
+        registry = _read_registry(directory / "registry")
+        for name in sorted(registry):
+            path = directory / registry[name]
+            damaged = read_journal(path).damaged
+            if damaged:
+                out.append(f"journal {path}: {len(damaged)} damaged record(s) ({_where(damaged)}: "
+                           f"{damaged[0].reason}), set aside when the node next opens the journal")
+        return out
+
+    @staticmethod
     def read_pending(journal_dir: Path, node_id: str) -> dict[str, list[Operation]]:
         """What :meth:`all_pending` would say, read from disk without opening the journal.
 
@@ -661,3 +909,39 @@ class Journal:
             self._closed = True
             self._endpoints.clear()
         _release_node(self.dir)
+
+
+def journal_problems(journal_dir: Path, node_id: str) -> list[str]:
+    """What an operator must look at in node ``node_id``'s journal, one line each; empty if
+    nothing.  Cheap enough for every ``/readyz``: a directory listing and the side files.
+
+    * Every side file of damaged records (:func:`read_journal`): ``journal <file>: N damaged
+      record(s) set aside in <side file>``, for as long as the side file is there.  The node
+      went on without those records; removing the file (once inspected) clears the line.
+    * Journals of this process that refuse records, or whose damage could not be set aside.
+    """
+    directory = Path(journal_dir) / node_id
+    out = []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        names = []
+    for name in names:
+        match = _SIDE_FILE.fullmatch(name)
+        if match is None:
+            continue
+        side = directory / name
+        try:
+            count = side.read_bytes().count(b"\n")
+        except OSError:
+            continue  # removed meanwhile
+        out.append(f"journal {directory / match['journal']}: {count} damaged record(s) set aside in {side}")
+    try:
+        key = directory.resolve()
+    except OSError:
+        return out
+    with _Shared.lock:
+        journals = [journal for path, journal in _Shared.endpoints.items() if path.parent == key]
+    for journal in journals:
+        out.extend(journal.problems())
+    return out
