@@ -8,9 +8,16 @@ hosts must keep their clocks within a small fraction of the lease (NTP).
 
 The file's first line is ``<pid> <unix time> <host>``.  A serving node adds a second line, one
 JSON object ``{"serves": {"endpoints": [...], "transfers": [...]}}`` (:class:`Serves`), so that
-``ftpbc status`` can tell what each node serves.  Readers split the first line only, so a
-heartbeat without the second line (a client's, or one written by an older ftpbc) stays readable
-and older readers, which split the whole file and use its first fields, are not disturbed.
+``ftpbc status`` can tell what each node serves.  A serving node that does not serve (yet: its
+start-up is still failing) writes ``{"not_serving": "<why>"}`` there instead, with no ``serves``
+key, so that no reader, an older one included, lists what it would serve as served.  Readers
+split the first line only, so a heartbeat without the second line (a client's, or one written by
+an older ftpbc) stays readable and older readers, which split the whole file and use its first
+fields, are not disturbed.
+
+A heartbeat whose host is this host and whose pid names no process here is dead whatever its
+age (:func:`beat_info`): that node was killed.  This trusts that one host name is one process
+namespace, as :func:`live_elsewhere` does.
 """
 
 from __future__ import annotations
@@ -75,6 +82,10 @@ class HeartbeatInfo:
     host: str | None = None
     #: what it serves; None for a client, or a heartbeat written before nodes published it
     serves: Serves | None = None
+    #: why a serving node does not serve (its start-up keeps failing); None otherwise
+    not_serving: str | None = None
+    #: its host is this host and its pid names no process here (dead before its lease ran out)
+    process_gone: bool = False
 
 
 def parse_heartbeat(text: str) -> tuple[list[str], Serves | None]:
@@ -89,12 +100,29 @@ def _pid_host(fields: list[str], host_field: int) -> tuple[int | None, str | Non
     return pid, fields[host_field] if len(fields) > host_field else None
 
 
+def not_serving_reason(text: str) -> str | None:
+    """The ``not_serving`` of a heartbeat's second line; None if it has none (it serves, or is a
+    client's, torn, or from another format)."""
+    second = text.partition("\n")[2].split("\n", 1)[0].strip()
+    try:
+        raw: Any = json.loads(second) if second else None
+    except ValueError:
+        return None
+    why = raw.get("not_serving") if isinstance(raw, dict) else None
+    return why if isinstance(why, str) else None
+
+
 def beat_info(node_id: str, text: str, age: float, lease: float, *, host_field: int) -> HeartbeatInfo:
     """A :class:`HeartbeatInfo` from a heartbeat file's text and age; ``host_field`` is the index
-    of the host among the first line's fields (2 in ``state_dir``, 3 on a server)."""
+    of the host among the first line's fields (2 in ``state_dir``, 3 on a server).
+
+    Dead when older than ``lease``, or at once when its host is this host and its pid names no
+    process here.  A live pid proves nothing (pids are reused): the age decides then."""
     fields, serves = parse_heartbeat(text)
     pid, host = _pid_host(fields, host_field)
-    return HeartbeatInfo(node_id, round(max(age, 0.0), 3), age <= lease, pid, host, serves)
+    gone = host == _HOST and pid is not None and not process_alive(pid)
+    return HeartbeatInfo(node_id, round(max(age, 0.0), 3), age <= lease and not gone, pid, host, serves,
+                         not_serving_reason(text), gone)
 
 
 class Heartbeat:
@@ -117,9 +145,16 @@ class Heartbeat:
         self._failing: str | None = None
         #: what this node serves, written in every beat (set by a serving node before start)
         self.serves: Serves | None = None
+        #: why this serving node does not serve yet; written instead of :attr:`serves` while set
+        self.not_serving: str | None = None
 
     def extra_lines(self) -> str:
-        """What follows the first line: the :class:`Serves` line of a serving node."""
+        """What follows the first line: the :class:`Serves` line of a serving node, or its
+        ``not_serving`` line while it does not serve."""
+        why = self.not_serving
+        if why is not None:
+            # ASCII (ensure_ascii) as Serves.line, and one line whatever the reason holds
+            return json.dumps({"not_serving": why}, separators=(",", ":"), ensure_ascii=True) + "\n"
         return f"{self.serves.line()}\n" if self.serves is not None else ""
 
     def beat(self) -> None:

@@ -8,7 +8,10 @@ A server is declared by a URL plus where its secret comes from::
 
 Secrets are never written in the URL (a URL with a password is refused, because URLs end up in
 logs).  They are read when the configuration loads, kept as :class:`pydantic.SecretStr`, and
-never appear in ``repr``, ``str``, error messages or log lines.
+never appear in ``repr``, ``str``, error messages or log lines.  A ``password_file`` is read
+again at every login (:meth:`ServerConfig.password_value`), as the SFTP ``key_file`` is, so that
+a rotated password is used from the next login on without a restart; ``password_env`` is not
+(nothing outside a process can change its environment).
 
 A secret read from a file (``password_file``, and the SFTP ``key_file``) is refused when group
 or others may read or write it, as ssh refuses such a private key, unless the server sets
@@ -39,6 +42,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from ftpbc.errors import ConfigError
 
 Scheme = Literal["ftp", "ftps", "sftp", "file"]
 
@@ -181,7 +186,21 @@ class ServerConfig(BaseModel):
         return f"{self.scheme}://{self.user}@{self.host}:{self.port}"
 
     def password_value(self) -> str:
-        """The password in clear, for handing to a login call and nothing else."""
+        """The password in clear, for handing to a login call and nothing else.
+
+        With ``password_file``, the file is read afresh on each call, with the checks of the
+        load (private mode unless allowed, UTF-8, one trailing newline dropped): a node whose
+        login is refused at start-up logs in as soon as the file holds the right password.
+        ConfigError, naming the server and the file but never what it holds, if it cannot be
+        read now.  Otherwise the password loaded (from ``password_env``, or given in code).
+        """
+        if self.password_file is not None:
+            try:
+                fresh = _read_secret({"password_file": self.password_file}, self.scheme,
+                                     allow_open=self.allow_insecure_secret_files)
+            except ValueError as exc:
+                raise ConfigError(str(exc), key=f"servers.{self.name}") from None
+            return fresh.get_secret_value() if fresh is not None else ""
         return self.password.get_secret_value() if self.password is not None else ""
 
     @classmethod

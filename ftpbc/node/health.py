@@ -11,8 +11,10 @@ happen.  Every node has a :class:`~prometheus_client.CollectorRegistry` of its o
 ``/healthz``  200 while the process answers at all.
 ``/readyz``   200 once the node serves and every background loop made progress within its own
               interval (pollers: a few poll intervals; the sweeper: its round); 503 with the
-              stuck loops named otherwise.  Loops that fail or hang (a poll lock that raises, a
-              server that hangs) show here long before the heartbeat stops (half the lease).
+              stuck loops named otherwise, or ``not serving: <why>`` while its start-up is
+              still failing (a refused login, a server down...).  Loops that fail or hang (a
+              poll lock that raises, a server that hangs) show here long before the heartbeat
+              stops (half the lease).
 """
 
 from __future__ import annotations
@@ -87,6 +89,11 @@ def loop_ages(liveness: Liveness) -> list[tuple[str, float]]:
 
 def not_ready(node: Watched) -> list[str]:
     """Why the node is not ready; empty when it is."""
+    # A Node says why its start-up has not succeeded yet (the last failure, or that it has not
+    # tried yet); other watched objects may not, and are judged by their providers alone.
+    why = getattr(node, "not_serving", None)
+    if isinstance(why, str):
+        return [f"not serving: {why}"]
     served = (getattr(node, "handlers", None) or getattr(node, "transfer_handlers", None)
               or getattr(node, "topics", None))
     if served and not node.providers:

@@ -4,6 +4,11 @@ Start-up order matters: the heartbeat first (so no other node mistakes us for de
 recover), then journal recovery (our own unfinished operations), then the pollers.  Shutdown
 is the reverse: stop polling, drain in-flight handlers within ``drain_timeout``, release locks,
 remove the heartbeat.
+
+A start-up that fails is tried again, whatever failed (a server down, a refused login, a
+directory that cannot be made, a journal that cannot be replayed), until it succeeds or the node
+is stopped: a node never sits alive without serving and without saying so.  Meanwhile its
+heartbeat says ``not serving: <why>`` and ``/readyz`` answers 503 with the same reason.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from pathlib import Path
 from ftpbc.cluster.heartbeat import Serves
 from ftpbc.cluster.liveness import LoopGuard
 from ftpbc.config.models import CLIENT_ID_RE, Config
-from ftpbc.errors import AuthenticationFailed, ConfigError
+from ftpbc.errors import ConfigError
 from ftpbc.exchange.message import Message
 from ftpbc.exchange.recovery import Action
 from ftpbc.exchange.runtime import Runtime
@@ -29,6 +34,9 @@ from ftpbc.node.provider import Poller, Provider
 log = logging.getLogger("ftpbc.node")
 
 Handler = Callable[[Message], object]
+
+#: what a node's heartbeat says before its first start-up attempt ends
+STARTING = "starting: recovery and the servers' directories"
 
 
 def load_handler(spec: str, *, key: str, source: str, path: Sequence[str | Path] = ()) -> Handler:
@@ -113,6 +121,10 @@ class Node:
         #: sweep rounds done (every sweeper once per round)
         self.sweeps = 0
         self.recovered: list[Action] = []
+        #: why the node does not serve yet (None once it does); shown by /readyz and the heartbeat
+        self.not_serving: str | None = STARTING if served_count else None
+        self._beating = False
+        self._refused: ConfigError | None = None
         self._stop = threading.Event()
         self._sweep_thread: threading.Thread | None = None
 
@@ -121,34 +133,62 @@ class Node:
         return self.config.node.id
 
     def start(self) -> None:
-        """Recover, then serve.  A server that is unreachable or refusing at start is waited
-        for (with backoff, a log line per kind of failure) until it answers or :meth:`stop` is
-        called; configuration errors and wrong credentials fail at once."""
-        other = self.runtime.coordination.live_elsewhere()
-        if other is not None:
-            raise ConfigError(other, key="node.id", file=self.config.source)
-        self.runtime.heartbeat.start()
+        """Recover, then serve; returns once serving, or once :meth:`interrupt` or :meth:`stop`
+        was called.
+
+        Every failure of the start-up is tried again (with backoff, one log line per distinct
+        failure), a refused login included: ``password_file`` is read again at each login, so
+        a corrected file is used at the next try.  Meanwhile :attr:`not_serving` and the
+        heartbeat say why.  A failure that comes back unchanged (an endpoint the server cannot
+        hold, say) is tried again for ever; it is logged once and shown, not hidden.
+
+        Raises at once, before any heartbeat of this node is written, only when the node id is
+        live elsewhere (ConfigError): going on would take that node's heartbeat and journal over.
+        """
+        self.runtime.heartbeat.not_serving = self.not_serving
         guard = LoopGuard("start-up", None, self._stop, first_wait=1.0, max_wait=30.0, logger=log)
         while not self._stop.is_set():
-            ready = guard.run(self._prepare)
+            ready = guard.run(self._attempt)
             if ready:
                 break
+        if self._refused is not None:
+            raise self._refused
         if self._stop.is_set():
             return
+        self._serving(None)
         for poller in self.providers.values():
             poller.start()
         self._sweep_thread = threading.Thread(target=self._sweep_loop, name="sweeper", daemon=True)
         self._sweep_thread.start()
 
-    def _prepare(self) -> bool:
-        """Recovery and every served area's directories; raises what the servers answer."""
+    def _attempt(self) -> bool:
+        """One try at starting: True when done (or refused, in :attr:`_refused`); raises what
+        failed, having published it as the reason the node does not serve."""
         try:
-            self.recovered = recover(self.runtime)
-            self._build()
-        except (AuthenticationFailed, ConfigError):
-            self._stop.set()
+            if not self._beating:
+                # Asked on every try until the heartbeat runs: with ``coordination: server`` the
+                # question itself needs the server, which may be down or refuse the login.
+                other = self.runtime.coordination.live_elsewhere()
+                if other is not None:
+                    self._refused = ConfigError(other, key="node.id", file=self.config.source)
+                    return True
+                self.runtime.heartbeat.start()
+                self._beating = True
+            self._prepare()
+        except Exception as exc:
+            self._serving(f"{type(exc).__name__}: {exc}")
             raise
         return True
+
+    def _serving(self, why: str | None) -> None:
+        """Publish why the node does not serve (None: it serves) to /readyz and the heartbeat."""
+        self.not_serving = why
+        self.runtime.heartbeat.not_serving = why
+
+    def _prepare(self) -> None:
+        """Recovery and every served area's directories; raises what the servers answer."""
+        self.recovered = recover(self.runtime)
+        self._build()
 
     def _build(self) -> None:
         self.providers, self.sweepers = {}, []  # a retried start builds afresh

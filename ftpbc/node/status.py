@@ -39,16 +39,21 @@ class NodeStatus:
     heartbeat_age: float
     pid: int | None = None
     host: str | None = None
-    #: ``{"endpoints": [...], "transfers": [...]}`` from its heartbeat; None for a client or a
-    #: node whose ftpbc does not publish it
+    #: ``{"endpoints": [...], "transfers": [...]}`` from its heartbeat; None for a client, a
+    #: node that does not serve (see ``not_serving``) or a node whose ftpbc does not publish it
     serves: dict[str, list[str]] | None = None
     #: endpoint -> requests this node archived within the last WINDOW seconds
     served_last_minute: dict[str, int] = field(default_factory=dict)
+    #: why this serving node does not serve (its start-up keeps failing), from its heartbeat
+    not_serving: str | None = None
+    #: its heartbeat is from this host and names a pid no process here has: dead at once
+    process_gone: bool = False
 
     @classmethod
     def of(cls, beat: HeartbeatInfo) -> NodeStatus:
         return cls(beat.node_id, beat.alive, beat.age, beat.pid, beat.host,
-                   beat.serves.to_dict() if beat.serves is not None else None)
+                   beat.serves.to_dict() if beat.serves is not None else None,
+                   not_serving=beat.not_serving, process_gone=beat.process_gone)
 
 
 @dataclass
@@ -191,8 +196,11 @@ def render(status: ClusterStatus) -> str:
         where = " ".join(x for x in (f"pid {n.pid}" if n.pid else "",
                                      f"host {n.host}" if n.host else "") if x)
         lines.append(f"  {n.id:<24} {'alive' if n.alive else 'DEAD':<6} heartbeat {n.heartbeat_age:.1f} s ago"
-                     f"{'  ' + where if where else ''}")
-        if n.serves is not None:
+                     f"{'  ' + where if where else ''}"
+                     f"{' (no such process on this host)' if n.process_gone else ''}")
+        if n.not_serving is not None:
+            lines.append(f"    not serving: {n.not_serving}")
+        elif n.serves is not None:
             served = [*n.serves.get("endpoints", []),
                       *(f"transfer {t}" for t in n.serves.get("transfers", []))]
             per_minute = ", ".join(f"{ep} {count}" for ep, count in sorted(n.served_last_minute.items()))
