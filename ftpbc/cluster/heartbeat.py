@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ftpbc.cluster.lease import Lease
 from ftpbc.errors import ConfigError
 from ftpbc.private_files import private_dir, write_private
 
@@ -147,6 +148,8 @@ class Heartbeat:
         self.serves: Serves | None = None
         #: why this serving node does not serve yet; written instead of :attr:`serves` while set
         self.not_serving: str | None = None
+        #: this node's lease, renewed by every beat written (set by the runtime before start)
+        self.lease: Lease | None = None
 
     def extra_lines(self) -> str:
         """What follows the first line: the :class:`Serves` line of a serving node, or its
@@ -165,9 +168,21 @@ class Heartbeat:
         write_private(tmp, f"{os.getpid()} {time.time():.3f} {_HOST}\n{self.extra_lines()}".encode())
         os.replace(tmp, self.path)
 
-    def start(self) -> None:
-        try:
+    def leased_beat(self) -> None:
+        """:meth:`beat`, then renew :attr:`lease` from the time taken before the write was
+        issued (a slow write counts against the lease); a failed write renews nothing."""
+        if self.lease is None:
             self.beat()
+            return
+        started = self.lease.now()
+        self.beat()
+        self.lease.renewed(started)
+
+    def start(self) -> None:
+        if self.lease is not None:
+            self.lease.arm()
+        try:
+            self.leased_beat()
         except OSError as exc:
             # The first write into state_dir: a path below a file, a read-only or full disk is
             # the operator's to fix, said in one line rather than a traceback.
@@ -197,7 +212,7 @@ class Heartbeat:
         if self._held is not None:
             log.warning("heartbeat resumed: every loop makes progress again")
             self._held = None
-        self.beat()
+        self.leased_beat()
         if self._failing is not None:
             log.warning("heartbeat %s: written again", self.path)
             self._failing = None

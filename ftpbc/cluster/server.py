@@ -400,8 +400,10 @@ class ServerHeartbeat(Heartbeat):
         c.clock.sample(c.transport.stat(self.remote).mtime, before, after)
 
     def start(self) -> None:
+        if self.lease is not None:
+            self.lease.arm()
         try:
-            self.beat()
+            self.leased_beat()
         except FtpbcError as exc:  # a server not reachable yet: the next interval tries again
             log.warning("heartbeat %s: cannot write it yet: %s: %s", self.remote, type(exc).__name__, exc)
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self.path.name}", daemon=True)

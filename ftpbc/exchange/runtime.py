@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from ftpbc.cluster.factory import open_coordination
+from ftpbc.cluster.lease import Lease, safety_margin
 from ftpbc.cluster.liveness import Liveness
 from ftpbc.config.models import Config
 from ftpbc.errors import ConfigError
@@ -51,10 +52,23 @@ class Runtime:
         #: poll locks, heartbeats, leases and sequences: in state_dir or on a server (node.coordination)
         self.coordination = open_coordination(config, open_transport)
         self.sequences = self.coordination.sequences
+        node = config.node
+        # A server's file times are whole seconds: a beat may look up to one older than it is.
+        clock_error = 1.0 if node.coordination == "server" else 0.0
+        #: this node's own lease: its pollers claim, and its workers start handlers, only while
+        #: it is valid (open until the heartbeat starts: a process that never beats is not fenced)
+        self.lease = Lease(node.lease, safety_margin(node.lease, node.heartbeat_interval,
+                                                     clock_error=clock_error), node_id=node.id)
         #: the background loops of this process; the heartbeat stops when one is stuck
-        self.liveness = Liveness()
-        self.heartbeat = self.coordination.heartbeat(config.node.heartbeat_interval,
-                                                     health=self.liveness.health(config.node.lease / 2))
+        self.liveness = Liveness(lease=self.lease)
+        #: how long a loop in the middle of a step may go without progress before it counts as
+        #: stuck: over a slow link one step may take a reconnect and a command, each up to the
+        #: server's timeout, and a slow node must keep beating (a stuck one still stops)
+        self.step_within = max(node.lease / 2, 2 * max((s.timeout for s in config.servers.values()),
+                                                       default=0.0))
+        self.heartbeat = self.coordination.heartbeat(
+            node.heartbeat_interval, health=self.liveness.health(node.lease / 2, self.step_within))
+        self.heartbeat.lease = self.lease
         self._connections = connections
         self._lock = threading.Lock()
         self._transports: dict[str, Transport] = {}

@@ -134,6 +134,10 @@ class Poller:
         self._guard = LoopGuard(f"poller {name}", liveness, self._stop, first_wait=config.poll_interval,
                                 logger=log)
         self._liveness = liveness
+        #: this node's lease (None: never fenced), and its term when the last poll began: a
+        #: claim is served only while the lease has held since (see ftpbc.cluster.lease)
+        self._lease = liveness.lease if liveness is not None else None
+        self._term: int | None = 0
         # Twice the workers: ``workers`` threads handling messages, and up to as many more whose
         # message is handled and waits only for its record's fsync and its commit (see
         # _leave_slot); handlers never run more than ``workers`` at once.
@@ -180,6 +184,13 @@ class Poller:
         free = min(self._free_slots(), self.config.max_per_poll)
         if free <= 0 or self._stop.is_set():
             return 0
+        if self._lease is not None:
+            # Fenced (the lease may be over: other nodes may be taking this node's claims): claim
+            # nothing.  An empty poll, so the poller still counts as making progress and the
+            # heartbeat that ends the fence is not held up by it.
+            self._term = self._lease.term()
+            if self._term is None:
+                return 0
         fail_point("poll-lock")
         with self.poll_lock.attempt() as held:
             if not held:
@@ -267,10 +278,11 @@ class Poller:
         """Run ``job`` on a worker; it holds one of the slots :meth:`_free_slots` counts."""
         with self._in_flight_cv:
             self._in_flight += 1
-        self._pool.submit(self._work, job, what)
+        self._pool.submit(self._work, job, what, self._term)
 
-    def _work(self, job: Callable[[], object], what: str) -> None:
+    def _work(self, job: Callable[[], object], what: str, term: int | None = 0) -> None:
         token = self._left.token = object()
+        self._left.term = term  # the lease's term the claim was made in
         try:
             job()
         except Exception:
@@ -379,6 +391,14 @@ class Poller:
     def _finishing(self) -> bool:
         """Whether a worker is delivering a recorded result."""
         return False
+
+    def _lease_holds(self) -> bool:
+        """Whether the claim being served (on this thread) is still this node's: the lease is
+        valid and has not lapsed since the poll that claimed it began.  Always true without a
+        lease."""
+        if self._lease is None:
+            return True
+        return self._lease.holds(getattr(self._left, "term", self._term))
 
 
 class Provider(Poller):
@@ -631,6 +651,8 @@ class Provider(Poller):
                               dict(claimed.candidate.values), env.headers, env.properties)
             error: str | None = None
             result: bytes | None = None
+            if not self._lease_holds():
+                return self._fenced(claimed, started)
             handler_started = time.monotonic()
             try:
                 returned = self.handler(message)
@@ -675,6 +697,15 @@ class Provider(Poller):
         else:
             self._outcome(claimed, "unfinished", started, "(left for recovery: the node is stopping)")
         return ok is not None
+
+    def _fenced(self, claimed: Claimed, started: float) -> bool:
+        """A claim read while the lease lapsed (or lapsed since it was made): another node may
+        have it, so its handler is not started.  Put back in the box if it is still this node's
+        claim (else another node took it: nothing to do).  False (not served here)."""
+        self._retry(functools.partial(self.lifecycle.unclaim, claimed))
+        self.observer.returned(1)
+        self._outcome(claimed, "returned", started, "(fenced: this node's lease may have run out)")
+        return False
 
     @property
     def result_optional(self) -> bool:

@@ -35,7 +35,8 @@ log = logging.getLogger("ftpbc.node")
 
 Handler = Callable[[Message], object]
 
-#: what a node's heartbeat says before its first start-up attempt ends
+#: why a node does not serve before its first start-up attempt ends (for /readyz; the
+#: heartbeat says nothing of it: a start that succeeds at once is the common case)
 STARTING = "starting: recovery and the servers' directories"
 
 
@@ -138,14 +139,15 @@ class Node:
 
         Every failure of the start-up is tried again (with backoff, one log line per distinct
         failure), a refused login included: ``password_file`` is read again at each login, so
-        a corrected file is used at the next try.  Meanwhile :attr:`not_serving` and the
-        heartbeat say why.  A failure that comes back unchanged (an endpoint the server cannot
-        hold, say) is tried again for ever; it is logged once and shown, not hidden.
+        a corrected file is used at the next try.  Meanwhile :attr:`not_serving` and, from the
+        first failure on, the heartbeat say why (each beat says what it was at that beat, so
+        ``ftpbc status`` may lag by one heartbeat interval).  A failure that comes back
+        unchanged (an endpoint the server cannot hold, say) is tried again for ever; it is
+        logged once and shown, not hidden.
 
         Raises at once, before any heartbeat of this node is written, only when the node id is
         live elsewhere (ConfigError): going on would take that node's heartbeat and journal over.
         """
-        self.runtime.heartbeat.not_serving = self.not_serving
         guard = LoopGuard("start-up", None, self._stop, first_wait=1.0, max_wait=30.0, logger=log)
         while not self._stop.is_set():
             ready = guard.run(self._attempt)
