@@ -33,7 +33,9 @@ def serve(config_path: str, node_id: str | None, verbose: bool, handler_path: tu
           metrics_port: int | None) -> None:
     """Serve every endpoint that has a handler, and every route, until SIGTERM or Ctrl-C.
 
-    Replays this node's journal first; waits for servers that are not reachable yet.  On
+    Replays this node's journal first.  A start-up that fails (a server down, a login refused,
+    a directory it cannot make) is tried again with backoff until it succeeds, password_file
+    read afresh each time; meanwhile ftpbc status and /readyz say "not serving: <why>".  On
     SIGTERM/SIGINT it stops claiming, lets in-flight handlers finish within each endpoint's
     drain_timeout, returns what is left unfinished to the inbox for other nodes, delivers
     recorded results, and exits 0 (1 if a claim could not be returned).  A second signal exits
