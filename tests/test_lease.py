@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from ftpbc.client import Client
 from ftpbc.cluster.heartbeat import is_dead
@@ -20,11 +21,12 @@ from ftpbc.cluster.lease import Lease, safety_margin
 from ftpbc.cluster.liveness import Liveness, LoopGuard
 from ftpbc.config.models import Config
 from ftpbc.exchange.message import Message
+from ftpbc.node.check import lease_warning
 from ftpbc.node.provider import Provider
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config
 from tests.servers.handle import ServerHandle
-from tests.support import wait_until
+from tests.support import ftpbc_env, run_ftpbc, server_yaml, wait_until
 
 # --------------------------------------------------------------------------- the Lease itself
 
@@ -264,3 +266,37 @@ def test_with_coordination_server_a_node_whose_beat_fails_stops_claiming_until_i
         immutable(beat, on)
 
     _fenced_while_beats_fail(pyftpdlib_server, node, client, break_beats, pool, calls, caplog, monkeypatch)
+
+
+# --------------------------------------------------------------------------- a lease too tight
+
+
+def test_check_warns_of_a_lease_too_tight_for_the_timeouts(pyftpdlib_server: ServerHandle,
+                                                           tmp_path: Path) -> None:
+    """lease 6 s, heartbeat 1 s, the server's timeout 30 s: one line naming the keys, their
+    values and what to set; a lease that covers them: none."""
+    def write(lease: float) -> Path:
+        server = server_yaml(pyftpdlib_server, "FTPBC_LEASE_PW")
+        server["timeout"] = 30
+        path = tmp_path / f"lease{lease:g}.yaml"
+        path.write_text(yaml.safe_dump({
+            "node": {"state_dir": str(tmp_path / "state"), "journal_dir": str(tmp_path / "journals"),
+                     "lease": lease, "heartbeat_interval": 1},
+            "servers": {"slow": server}, "endpoints": {}}), encoding="utf-8")
+        return path
+
+    env = ftpbc_env({"FTPBC_LEASE_PW": str(pyftpdlib_server.password)})
+    tight = run_ftpbc("check", "-c", str(write(6)), env=env)
+    assert tight.returncode == 0, tight.stderr
+    lines = [line for line in tight.stderr.splitlines() if "node.lease" in line]
+    assert lines == [
+        "ftpbc: check warning: node.lease 6 s is shorter than 3 x node.heartbeat_interval (1 s) + "
+        "servers.slow.timeout (30 s) = 33 s: a live node on a slow link may lose its lease and its "
+        "work; set node.lease to at least 33, or lower servers.slow.timeout (docs/cluster.md, sizing "
+        "the lease)"], tight.stderr
+    roomy = run_ftpbc("check", "-c", str(write(33)), env=env)
+    assert roomy.returncode == 0 and "node.lease" not in roomy.stderr, roomy.stderr
+    cfg = in_process_config(pyftpdlib_server, tmp_path, "n", {})
+    node = cfg.node.model_copy(update={"lease": 6.0, "heartbeat_interval": 1.0})
+    assert "set node.lease to at least 33," in (lease_warning(cfg.model_copy(update={"node": node})) or "")
+    assert lease_warning(cfg) is None  # the defaults: lease 60, heartbeat 5, timeout 30

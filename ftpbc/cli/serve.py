@@ -44,10 +44,15 @@ def serve(config_path: str, node_id: str | None, verbose: bool, handler_path: tu
     Handler modules are imported from node.handler_path, --path and the installed packages
     (PYTHONPATH included), never from the working directory unless one of them names it.
     """
+    from ftpbc.node.check import lease_warning
     from ftpbc.node.serve import Node
 
     setup_logging(verbose, default="info")
-    node = Node(load(config_path, node_id), handler_path=handler_path)
+    config = load(config_path, node_id)
+    tight = lease_warning(config)
+    if tight is not None:
+        click.echo(f"ftpbc: warning: {tight}", err=True)
+    node = Node(config, handler_path=handler_path)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

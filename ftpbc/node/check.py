@@ -248,8 +248,11 @@ class CheckReport:
                 out.append(f"{d.key} {d.path}: {d.error}")
         return out
 
+    #: warnings about the configuration itself (a lease too tight for its timeouts)
+    config_warnings: list[str] = field(default_factory=list)
+
     def warnings(self) -> list[str]:
-        return [f"server {s.label}: {w}" for s in self.servers for w in s.warnings]
+        return [*self.config_warnings, *(f"server {s.label}: {w}" for s in self.servers for w in s.warnings)]
 
     @property
     def ok(self) -> bool:
@@ -567,9 +570,38 @@ def run_checks(config: Config, timeout: float) -> CheckReport:
         transfers += [a for a in areas if a.kind == "transfer"]
     endpoints.sort(key=lambda a: a.name)
     transfers.sort(key=lambda a: a.name)
+    warning = lease_warning(config)
     return CheckReport(config.source, servers, endpoints, transfers,
                        check_local_dir("state_dir", Path(config.node.state_dir)),
-                       check_local_dir("journal_dir", Path(config.node.journal_dir)))
+                       check_local_dir("journal_dir", Path(config.node.journal_dir)),
+                       config_warnings=[warning] if warning is not None else [])
+
+
+#: heartbeat intervals a lease must cover besides one server timeout (a late beat, a missed one,
+#: and the wait for the next)
+LEASE_BEATS = 3
+
+
+def lease_warning(config: Config) -> str | None:
+    """One line if ``node.lease`` cannot cover ``LEASE_BEATS`` heartbeat intervals plus the
+    longest server ``timeout``, else None.
+
+    Over a slow link a command may take up to its server's timeout; a lease shorter than that
+    plus a few beats lets a live node's lease run out while it waits (it then fences itself and
+    other nodes take its work over), which looks like a crash and costs a redelivery.
+    """
+    node = config.node
+    if not config.servers:
+        return None
+    name, server = max(config.servers.items(), key=lambda item: item[1].timeout)
+    needed = LEASE_BEATS * node.heartbeat_interval + server.timeout
+    if node.lease >= needed:
+        return None
+    return (f"node.lease {node.lease:g} s is shorter than {LEASE_BEATS} x node.heartbeat_interval "
+            f"({node.heartbeat_interval:g} s) + servers.{name}.timeout ({server.timeout:g} s) = "
+            f"{needed:g} s: "
+            f"a live node on a slow link may lose its lease and its work; set node.lease to at least "
+            f"{needed:g}, or lower servers.{name}.timeout (docs/cluster.md, sizing the lease)")
 
 
 # --------------------------------------------------------------------------- text
