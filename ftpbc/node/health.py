@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 from ftpbc.cluster.liveness import Liveness
 from ftpbc.config.models import Config
 from ftpbc.errors import ConfigError
+from ftpbc.journal import journal_problems
 from ftpbc.metrics import HttpServer, NodeMetrics, PrometheusObserver, serve_http
 from ftpbc.node.provider import Poller, Provider
 
@@ -98,8 +99,11 @@ def not_ready(node: Watched) -> list[str]:
               or getattr(node, "topics", None))
     if served and not node.providers:
         return ["starting: recovery or the servers are not done yet"]
-    return [f"{loop} made no progress for {age:.1f} s (allowed {loop_interval(node, loop):g} s)"
-            for loop, age in loop_ages(node.runtime.liveness) if age > loop_interval(node, loop)]
+    stuck = [f"{loop} made no progress for {age:.1f} s (allowed {loop_interval(node, loop):g} s)"
+             for loop, age in loop_ages(node.runtime.liveness) if age > loop_interval(node, loop)]
+    # Damaged journal records the node went without: it serves everything else, but stays not
+    # ready, so that someone looks, until their side file is removed (journals/README.md).
+    return stuck + journal_problems(Path(node.config.node.journal_dir), node.node_id)
 
 
 # ---------------------------------------------------------------------------- the collector
