@@ -317,7 +317,8 @@ def test_ftpbc_journal_names_the_damaged_line_and_recover_sets_it_aside(cluster:
     [side] = _side_files(ep.path)
     r = run_cli(cluster, "journal", node_id="n1")
     assert r.returncode == 0, (r.stdout, r.stderr)
-    assert r.stdout.splitlines()[-1] == f"journal {ep.path}: 1 damaged record(s) set aside in {side}", r.stdout
+    set_aside = f"journal {ep.path}: 1 damaged record(s) set aside in {side}"
+    assert r.stdout.splitlines()[-1] == set_aside, r.stdout
     side.unlink()  # inspected and dealt with: nothing left to say
     r = run_cli(cluster, "journal", node_id="n1")
     assert not [line for line in r.stdout.splitlines() if line.startswith("journal ")], r.stdout

@@ -19,6 +19,12 @@ What is guaranteed
     cannot reconstruct from the server (a handler's result, the names a send is about to write)
     are written durably *before* the remote write.
 
+    An append that fails (a full disk) records nothing: the file is cut back to its last whole
+    record, or, if that fails, the journal refuses every later record (see
+    :meth:`EndpointJournal.record_many`).  A damaged record never stops the node: at opening, a
+    torn last record is cut and any other unusable record set aside in a side file (see
+    :func:`read_journal` and :func:`journal_problems`, which reports them until removed).
+
 What is not
     Outcome records (``durable=False``) may be lost in a crash.  That is by design: recovery
     decides every pending operation from the journal *plus the server's actual state*, so a lost
@@ -386,7 +392,7 @@ class EndpointJournal:
         self._ended_since_compaction = 0
         self._load()
         if self._pending and self._legacy():
-            self._rewrite()  # every record from here on carries its checksum (see parse_journal)
+            self._rewrite()  # every record from here on carries its checksum (see read_journal)
         try:
             # Unbuffered binary: one write() system call per record batch and nothing else (a text
             # file's encode, flush, tell and seek cost as much again, per record).
@@ -690,7 +696,8 @@ class EndpointJournal:
         The side file is fsynced here; the record that names it must be written durably after.
         Its CRC32 goes into the record (``body_crc``), so a damaged side file is refused by
         :meth:`load_result` instead of being delivered (an inline body is covered by the
-        record's own checksum).
+        record's own checksum).  JournalError if the side file cannot be written (a full disk),
+        and no part of it is left.
         """
         if len(body) <= INLINE_RESULT_LIMIT:
             return {"body": base64.b64encode(body).decode("ascii")}
