@@ -3,6 +3,7 @@ what ``ftpbc journal`` and ``ftpbc recover`` print."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -319,6 +320,8 @@ def test_ftpbc_journal_names_the_damaged_line_and_recover_sets_it_aside(cluster:
     assert r.returncode == 0, (r.stdout, r.stderr)
     set_aside = f"journal {ep.path}: 1 damaged record(s) set aside in {side}"
     assert r.stdout.splitlines()[-1] == set_aside, r.stdout
+    r = run_cli(cluster, "journal", "--json", node_id="n1")
+    assert json.loads(r.stdout)["problems"] == [set_aside], r.stdout
     side.unlink()  # inspected and dealt with: nothing left to say
     r = run_cli(cluster, "journal", node_id="n1")
     assert not [line for line in r.stdout.splitlines() if line.startswith("journal ")], r.stdout

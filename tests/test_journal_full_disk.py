@@ -159,6 +159,47 @@ def test_a_failed_batch_never_tears_another_writers_record(
     assert reading.damaged == [] and reading.torn is None
 
 
+def test_concurrent_writers_on_a_full_disk_keep_exactly_what_they_were_told(
+        small_disk: Path, open_journal: Callable[[], Journal]) -> None:
+    """Threads appending small and large records durably (group commit) on a nearly full disk:
+    whichever fail, the file holds exactly the records whose call returned, every one whole."""
+    journal = open_journal()
+    ep = journal.endpoint(ENDPOINT)
+    _send(ep, "u0.send")
+    filler = _fill(small_disk, leave=64 * 1024)
+    done: list[str] = []
+    failed: list[str] = []
+    lock = threading.Lock()
+
+    def writer(k: int) -> None:
+        for i in range(20):
+            op_id = f"w{k}.{i}.serve"
+            try:
+                if i % 3 == 0:
+                    ep.record(op_id, "served", durable=True, **_big_reply(ep, op_id))
+                else:
+                    _send(ep, op_id)
+            except JournalError:
+                with lock:
+                    failed.append(op_id)
+            else:
+                with lock:
+                    done.append(op_id)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert failed and done  # the disk did fill up, and records went on fitting
+    filler.unlink()
+    journal.close()
+    reading = store_module.read_journal(ep.path)
+    assert reading.damaged == [] and reading.torn is None
+    assert set(reading.pending) == {"u0.send", *done}
+
+
 def test_an_append_that_cannot_be_cut_back_makes_the_journal_refuse_records(
         small_disk: Path, open_journal: Callable[[], Journal], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
