@@ -47,7 +47,6 @@ from ftpbc.errors import (
     RequestTimeout,
     TransportError,
     UnknownRequest,
-    UnsafeEntry,
 )
 from ftpbc.exchange.area import Direction, parse_archive_name
 from ftpbc.exchange.browse import Waiting, browse_box
@@ -55,7 +54,7 @@ from ftpbc.exchange.consumer import AckMode, Consumer, Delivery, Receiver, as_se
 from ftpbc.exchange.deadletter import DeadLetters
 from ftpbc.exchange.envelope import ERROR_TYPE, EXPIRED_TYPE
 from ftpbc.exchange.layout import AreaLayout, Candidate, PartnerLayout
-from ftpbc.exchange.lifecycle import Claimed, Lifecycle, op_id_for
+from ftpbc.exchange.lifecycle import Claimed, Lifecycle, Unread, op_id_for
 from ftpbc.exchange.runtime import MessageOptions, Runtime
 from ftpbc.exchange.selector import Selector
 from ftpbc.exchange.topics import Registry, Subscription, subscriber_name
@@ -197,19 +196,11 @@ class _ResponsePoller:
     def _deliver(self, claimed: Claimed) -> None:
         lc = self.lifecycle
         buf = io.BytesIO()
-        try:
-            lc.read(claimed, buf)
-        except UnsafeEntry as exc:
-            # Replaced by a link (or a fifo) since it was claimed: filed as it is, unopened.
-            what = lc.file_error(claimed, f"{type(exc).__name__}: {exc}", refused=True)
-            log.warning("%s: %s is not a file it can read: %s", self.endpoint, claimed.name, what)
-            return
-        except NotFound:
-            lc.journal.end(claimed.op_id)  # returned by a sweeper; seen next poll
-            return
-        except TransportError as exc:
-            what = lc.read_failed(claimed, exc)
-            log.warning("%s: cannot read %s: %s; %s", self.endpoint, claimed.name, exc, what)
+        got = lc.read_claim(claimed, buf)
+        if isinstance(got, Unread):
+            if got.kind != "lost":  # lost: returned by a sweeper; seen next poll
+                log.warning("%s: cannot read %s: %s; %s", self.endpoint, claimed.name, got.error,
+                            got.disposition)
             return
         crash_point("collect.after-read")
         uid = _correlation(claimed.candidate)

@@ -246,13 +246,15 @@ class QueueFull(FtpbcError):
 
 
 class RemoteHandlerError(FtpbcError):
-    """The provider's handler raised; ``reason`` is what it reported in the error reply."""
+    """The request was answered with an error reply: its handler raised, or it was filed
+    unserved (in the error directory or the dead letters: unreadable, too large, out of
+    deliveries); ``reason`` is what the reply says."""
 
     def __init__(self, endpoint: str, request_file: str, reason: str) -> None:
         self.endpoint = endpoint
         self.request_file = request_file
         self.reason = reason
-        super().__init__(f"endpoint {endpoint!r}: handler failed on {request_file}: {reason}")
+        super().__init__(f"endpoint {endpoint!r}: error reply to {request_file}: {reason}")
 
 
 # --------------------------------------------------------------------------- hostile peers

@@ -54,10 +54,10 @@ from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import IO, Literal
 
-from ftpbc.errors import FtpbcError, MessageTooLarge, NotFound, TransportError, UnsafeEntry
+from ftpbc.errors import FtpbcError, TransportError
 from ftpbc.exchange.envelope import Envelope, Headers, PropertyValue
 from ftpbc.exchange.layout import Candidate
-from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Disposition, Lifecycle
+from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Disposition, Lifecycle, Unread
 from ftpbc.exchange.message import Message
 from ftpbc.exchange.runtime import Runtime
 from ftpbc.exchange.selector import Selector, compile_selector
@@ -278,28 +278,15 @@ class Receiver:
         delivered = False
         try:
             try:
-                lc.read(claimed, spool)  # type: ignore[arg-type]
-            except (UnsafeEntry, MessageTooLarge) as exc:
-                # A link or fifo swapped in since the claim (moved unopened), or too large to read.
-                try:
-                    what = lc.file_error(claimed, f"{type(exc).__name__}: {exc}",
-                                         refused=isinstance(exc, UnsafeEntry))
-                except TransportError as again:
-                    # Not filed: handed to close() and recovery, never left claimed for nobody.
-                    self._strand(claimed, again)
-                    raise exc from None
-                log.warning("%s: %s cannot be delivered: %s; %s", self.endpoint, claimed.name, exc, what)
-                return None
-            except NotFound:
-                lc.journal.end(claimed.op_id)  # returned by a sweeper: this identity looked dead
-                return None
-            except TransportError as exc:
-                try:
-                    what = lc.read_failed(claimed, exc)
-                except TransportError as again:
-                    self._strand(claimed, again)
-                    raise exc from None
-                log.warning("%s: cannot read %s: %s; %s", self.endpoint, claimed.name, exc, what)
+                got = lc.read_claim(claimed, spool)  # type: ignore[arg-type]
+            except TransportError as again:
+                # Not settled: handed to close() and recovery, never left claimed for nobody.
+                self._strand(claimed, again)
+                raise
+            if isinstance(got, Unread):
+                if got.kind != "lost":  # lost: returned by a sweeper, this identity looked dead
+                    log.warning("%s: cannot read %s: %s; %s", self.endpoint, claimed.name, got.error,
+                                got.disposition)
                 return None
             delivered = True
         finally:

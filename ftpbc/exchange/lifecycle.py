@@ -22,16 +22,28 @@ commit target exists: done; the claim still exists: retried; neither: lost).  Re
 (:mod:`ftpbc.exchange.recovery`) runs the very same :meth:`finish_served`.
 
 Delivery count and poison messages
-    A claimed message that cannot be read (refused, short, not a regular file) goes back to its
-    box with its delivery count raised in its name, and this node does not claim it again for
-    ``redelivery_delay`` seconds (doubling with each delivery).  At ``max_deliveries`` it goes to
-    the error directory with ``<name>.reason`` beside it.  A connection that drops mid-read is
-    not the message's fault: that claim goes back unchanged.  A handler's exception is its
+    :meth:`Lifecycle.read_claim` is the one read-failure policy.  A claimed message that was read
+    and found unusable (refused, short, longer than listed) goes back to its box with its
+    delivery count raised in its name, and no node claims it again for ``redelivery_delay``
+    seconds (doubling with each delivery): every node holds a returned message back from the
+    moment it first lists it.  At ``max_deliveries`` it goes to the error directory with
+    ``<name>.reason`` beside it, and a requester gets an error reply at once.  A failure that
+    says nothing about the message (a dropped or dying session, a timeout, a server
+    restarting) is not a delivery: the read is tried again on a fresh session, with backoff,
+    and the claim goes back unchanged if the server stays away.  A handler's exception is its
     answer: the message goes to the error directory at once (a requester gets the error reply).
+
+Filing
+    Every filing (error directory, dead letters, expiry) is a ``served`` operation whose result
+    is the error reply: recorded durably first, then finished by :meth:`finish_served` (reply
+    staged, claim renamed into the directory, reason file, reply exposed), so a filing retried
+    after a partial failure, or finished by recovery, completes and never loses the message
+    nor its caller's answer.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import io
 import logging
@@ -43,9 +55,10 @@ import uuid as uuidlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import BinaryIO
+from typing import BinaryIO, Protocol, TypeVar
 
 from ftpbc.errors import (
+    FtpbcError,
     IncompleteRead,
     MessageTooLarge,
     NotFound,
@@ -72,6 +85,8 @@ from ftpbc.transport.base import Entry, Refused, Transport
 
 log = logging.getLogger("ftpbc.lifecycle")
 
+T = TypeVar("T")
+
 Body = bytes | BinaryIO
 
 #: ``Claimed.size`` of a claim found in the journal rather than in a listing
@@ -82,6 +97,11 @@ SPOOL_IN_MEMORY = 4 * 1024 * 1024
 POISON_ERRORS: tuple[type[TransportError], ...] = (PermissionDenied, IncompleteRead, ProtocolError)
 #: names a node holds back after a failed delivery, at most (the oldest holds are dropped)
 MAX_HELD = 100_000
+#: how long a read that fails for the connection's sake (not the message's) is tried again, on
+#: fresh sessions, before the claim goes back unchanged; and its first and longest pause
+READ_RETRY_FOR = 30.0
+READ_RETRY_FIRST = 0.05
+READ_RETRY_MAX = 2.0
 _TOKEN = re.compile(r"[A-Za-z0-9._-]{1,128}")
 #: a listing in the background gives the interpreter up every this many entries (about 1 ms)
 YIELD_EVERY = 50
@@ -136,6 +156,19 @@ class Served:
     seq: int  # the journal's record batch (EndpointJournal.wait_durable)
 
 
+class Retry(Protocol):
+    """Runs an idempotent step until it succeeds; None if it gave up (the node is stopping).
+    A poller passes its own (:meth:`ftpbc.node.provider.Poller._retry`); :func:`run_once` runs the
+    step once and lets its error through."""
+
+    def __call__(self, step: Callable[[], T]) -> T | None: ...
+
+
+def run_once(step: Callable[[], T]) -> T | None:
+    """A :class:`Retry` that does not retry: the step's error reaches the caller."""
+    return step()
+
+
 class Disposition(str):
     """What became of a message that could not be served: the text for a log line, and its
     ``kind`` for whoever counts outcomes (``returned`` to the box, filed as an ``error``, filed
@@ -148,6 +181,28 @@ class Disposition(str):
         self = super().__new__(cls, text)
         self.kind = kind
         return self
+
+
+#: what became of a claim whose filing or return could not be finished (the node is stopping)
+UNFINISHED = Disposition("left for recovery: the node is stopping", "unfinished")
+
+
+@dataclass(frozen=True)
+class Unread:
+    """A claim :meth:`Lifecycle.read_claim` could not read, and what it did with it instead.
+
+    ``kind``: ``returned`` (back in its box: unchanged after a connection fault, with its
+    delivery count raised after an unusable read), ``error`` or ``dead`` (filed, its reason
+    beside it, a requester answered), ``lost`` (another node returned this node's claim: it
+    is theirs now), ``gone`` (vanished before it could be filed), ``unfinished`` (left for
+    recovery)."""
+
+    error: Exception
+    disposition: Disposition
+
+    @property
+    def kind(self) -> str:
+        return self.disposition.kind
 
 
 def op_id_for(uuid: str | None, role: str) -> str:
@@ -239,6 +294,9 @@ class Lifecycle:
         self._lock = threading.Lock()
         #: name -> monotonic time before which this node does not claim it again
         self._held: dict[str, float] = {}
+        #: names whose hold ran out: listed as any other message from then on (insertion
+        #: ordered, the oldest dropped past MAX_HELD)
+        self._released: dict[str, None] = {}
         #: deliveries of files whose names cannot carry a count (read in place, responses)
         self._local_deliveries: dict[str, int] = {}
 
@@ -293,6 +351,13 @@ class Lifecycle:
             with self._lock:
                 for name in [n for n, t in held.items() if t <= started]:
                     del held[name]
+                    self._released[name] = None
+                if len(self._released) > MAX_HELD:
+                    for name in list(self._released)[:MAX_HELD // 2]:
+                        del self._released[name]
+        released = self._released
+        hold_returned = self.redelivery_delay > 0
+        returned: list[Candidate] = []
         expires = self.policy.expires
         now = self.clock()
         best: list[Candidate] = []
@@ -307,6 +372,9 @@ class Lifecycle:
                     expired.append(c)
                 return
             if (held and c.name in held) or keep == 0:
+                return
+            if hold_returned and c.envelope.headers.delivery_count and c.name not in released:
+                returned.append(c)  # first seen here since it came back: held from now on
                 return
             best.append(c)
             if keep is not None and len(best) >= keep + keep // 2 + 64:
@@ -344,11 +412,26 @@ class Lifecycle:
                 if len(self._expired) >= MAX_HELD:
                     self._expired.clear()
                 self._expired.update((c.name, c) for c in expired)
+        if returned:
+            self._hold(returned, started)
         if keep is not None and len(best) > keep:
             best = heapq.nsmallest(keep, best, key=delivery_order)
         else:
             best.sort(key=delivery_order)
         return Listing(best, found, complete, time.monotonic() - started)
+
+    def _hold(self, returned: Sequence[Candidate], now: float) -> None:
+        """Hold back messages that came back to the box (their names carry a delivery count)
+        for ``redelivery_delay`` doubled per delivery, counted from now: the node that
+        returned a message holds it from the moment it did, and every other node from the
+        moment it first lists it, so no node hands a failing message round the cluster at
+        once."""
+        with self._lock:
+            if len(self._held) + len(returned) > MAX_HELD:
+                self._held.clear()
+            for c in returned:
+                count = c.envelope.headers.delivery_count
+                self._held[c.name] = now + self.redelivery_delay * (2 ** min(count - 1, 16))
 
     def _file_refused(self, refused: Sequence[Refused]) -> None:
         """File what a listing refused (a link, a fifo, a directory... planted in the box) in
@@ -670,16 +753,87 @@ class Lifecycle:
             except SourceGone:
                 pass
 
-    def read_failed(self, claimed: Claimed, exc: TransportError) -> Disposition:
-        """Decide what a failed read means; return what was done (for the log line)."""
+    def read_claim(self, claimed: Claimed, sink: BinaryIO, *, retry: Retry = run_once,
+                   stop: threading.Event | None = None) -> int | Unread:
+        """Read a claim into ``sink`` and return its size; or, if it cannot be read, settle it
+        and say how (:class:`Unread`).  The one read-failure policy of every reader (providers,
+        routes, fan-outs, receivers, response pollers):
+
+        * not a file this node may open (a link swapped in): filed as it is, unopened;
+        * larger than ``max_message_bytes``: filed unread;
+        * gone (NotFound): another node returned the claim; the operation ends here;
+        * read and found unusable (:data:`POISON_ERRORS`): a delivery (:meth:`redeliver`);
+        * any other failure says nothing about the message (a dropped or dying session, a
+          timeout, a refused connection): with ``stop`` given, the read is tried again on a
+          fresh session, with backoff, for up to READ_RETRY_FOR seconds (or until ``stop`` is
+          set); then the claim goes back unchanged.  Never a delivery.
+
+        ``retry`` runs each settling step (a filing, a return) until it succeeds; with the
+        default, a step's TransportError reaches the caller, and the journal still holds the
+        claim for recovery.  ``sink`` is rewound before each new attempt.
+        """
+        give_up = time.monotonic() + READ_RETRY_FOR
+        pause = READ_RETRY_FIRST
+        while True:
+            try:
+                return self.read(claimed, sink)
+            except NotFound as exc:  # UnsafeEntry (one of them) included: _unread tells
+                return self._unread(claimed, exc, retry)
+            except MessageTooLarge as exc:
+                return self._unread(claimed, exc, retry)
+            except TransportError as exc:
+                passing = not isinstance(exc, POISON_ERRORS) and stop is not None and not stop.is_set()
+                if not passing or time.monotonic() >= give_up:
+                    return self._unread(claimed, exc, retry)
+                log.info("%s: reading %s failed (%s); trying again in %.2f s", self.name, claimed.name, exc,
+                         pause)
+                assert stop is not None
+                if stop.wait(pause):
+                    continue  # stopping: the next failure settles the claim
+                pause = min(pause * 2, READ_RETRY_MAX)
+                sink.seek(0)
+                sink.truncate()
+
+    def _unread(self, claimed: Claimed, exc: FtpbcError, retry: Retry) -> Unread:
+        """Settle a claim whose read failed for good with ``exc`` (see :meth:`read_claim`)."""
+        step: Callable[[], Disposition]
+        if isinstance(exc, UnsafeEntry):
+            step = functools.partial(self.file_error, claimed, _why(exc), refused=True, retry=retry)
+        elif isinstance(exc, MessageTooLarge):
+            step = functools.partial(self.file_error, claimed, _why(exc), retry=retry)
+        elif isinstance(exc, NotFound):
+            self.journal.end(claimed.op_id)
+            return Unread(exc, Disposition("lost: another node returned the claim", "lost"))
+        else:
+            assert isinstance(exc, TransportError)
+            step = functools.partial(self.read_failed, claimed, exc, retry=retry)
+        return Unread(exc, self._settled(retry, step))
+
+    @staticmethod
+    def _settled(retry: Retry, step: Callable[[], Disposition]) -> Disposition:
+        """``step`` under ``retry``: a step that itself retries its remote parts only fails
+        through ``retry`` when a journal write fails; None (gave up) is UNFINISHED."""
+        done = retry(step)
+        return UNFINISHED if done is None else done
+
+    def read_failed(self, claimed: Claimed, exc: TransportError, *, retry: Retry = run_once) -> Disposition:
+        """Settle a claim whose handling failed with ``exc`` before anything was recorded: a
+        delivery (:meth:`redeliver`) when ``exc`` is the message's fault (:data:`POISON_ERRORS`),
+        else back to its box unchanged.  Returns what was done (for the log line)."""
         if isinstance(exc, POISON_ERRORS):
-            return self.redeliver(claimed, f"{type(exc).__name__}: {exc}")
-        self.unclaim(claimed)
+            return self.redeliver(claimed, _why(exc), retry=retry)
+        def unclaim() -> bool:
+            self.unclaim(claimed)
+            return True
+
+        if retry(unclaim) is None:
+            return UNFINISHED
         return Disposition("returned unchanged (connection fault)", "returned")
 
-    def redeliver(self, claimed: Claimed, reason: str) -> Disposition:
+    def redeliver(self, claimed: Claimed, reason: str, *, retry: Retry = run_once) -> Disposition:
         """Give a message back with its delivery count raised, or file it as an error once it
-        has had ``max_deliveries``.  Returns what was done."""
+        has had ``max_deliveries``.  Returns what was done.  The count is decided once; only
+        the remote steps are repeated by ``retry``."""
         layout = self.layout
         in_place = claimed.path == layout.box_path(claimed.name)
         with self._lock:
@@ -689,7 +843,7 @@ class Lifecycle:
             with self._lock:
                 self._local_deliveries.pop(claimed.name, None)
             return self.file_error(claimed, f"delivery {count} of {self.max_deliveries} failed: {reason}",
-                                   dead=self.policy.dead_letter)
+                                   dead=self.policy.dead_letter, retry=retry)
         name = claimed.name if in_place else layout.with_delivery_count(claimed.candidate, count)
         if name == claimed.name:
             # The name cannot carry the count (read in place, a response, a foreign name): this
@@ -698,42 +852,46 @@ class Lifecycle:
                 if len(self._local_deliveries) >= MAX_HELD:
                     self._local_deliveries.clear()
                 self._local_deliveries[name] = count
-        if not in_place:
-            try:
-                self.transport.rename(claimed.path, layout.box_path(name))
-            except SourceGone:
-                pass
+        if not in_place and retry(lambda: self._rename_back(claimed.path, layout.box_path(name))) is None:
+            return UNFINISHED
         self.journal.end(claimed.op_id)
         delay = self.redelivery_delay * (2 ** (count - 1))
         with self._lock:
             if len(self._held) >= MAX_HELD:
                 self._held.clear()
             self._held[name] = time.monotonic() + delay
-        return Disposition(f"returned as delivery {count} of {self.max_deliveries}, held here for "
-                           f"{delay:g} s", "returned")
+        return Disposition(f"returned as delivery {count} of {self.max_deliveries}, held for "
+                           f"{delay:g} s by every node", "returned")
+
+    def _rename_back(self, src: str, dst: str) -> bool:
+        """Rename a claim back into its box; a source already gone (a retry whose first rename
+        happened, or a sweeper that returned it) is done too."""
+        try:
+            rename_resolving(self.transport, src, dst)
+        except SourceGone:
+            pass
+        return True
 
     def file_error(self, claimed: Claimed, reason: str, *, dead: bool = False,
-                   refused: bool = False) -> Disposition:
-        """Move a claimed message to the error directory (``dead``: the dead letters, if the
-        layout has them) with ``reason`` beside it.  ``refused``: the claim is no longer a file
-        this node may open (replaced by a link after it was claimed): moved as it is, unopened."""
-        t = self.transport
+                   refused: bool = False, retry: Retry = run_once) -> Disposition:
+        """File a claimed message in the error directory (``dead``: the dead letters, if the
+        layout has them) with ``reason`` beside it; a request's caller gets an error reply
+        carrying the reason at once.  ``refused``: the claim is no longer a file this node may
+        open (a link swapped in after it was claimed): moved as it is, unopened.
+
+        Recorded durably first (a ``served`` operation whose result is the error reply), then
+        finished by :meth:`finish_served` under ``retry``: a filing interrupted anywhere
+        completes on its next attempt or in recovery, reason file and reply included."""
         dead = dead and bool(self.layout.dead_dir)
         directory = self.layout.dead_dir if dead and self.layout.dead_dir else self.layout.error
         target = self.layout.filed_path(directory, claimed.name, self.node_id, self.clock())
-        self.layout.ensure_dir(t, target)
-        try:
-            if refused:
-                t.move_refused(claimed.path, target)
-            else:
-                rename_resolving(t, claimed.path, target)
-        except SourceGone:
-            self.journal.end(claimed.op_id)
+        fields = self.record_served(claimed, None, error=reason, commit=Commit(target), unopened=refused)
+        attempts = iter(range(1 << 30))
+        done = retry(lambda: self.finish_served(claimed.op_id, fields, fresh=next(attempts) == 0))
+        if done is None:
+            return UNFINISHED
+        if not done:
             return Disposition("gone before it could be filed as an error", "gone")
-        if dead:
-            self.observer.dead_lettered()  # counted once moved: the reason file is a courtesy
-        t.put(target + REASON_SUFFIX, io.BytesIO(reason.encode("utf-8") + b"\n"))
-        self.journal.end(claimed.op_id)
         return Disposition(f"filed in {directory} ({reason})", "dead" if dead else "error")
 
     # ------------------------------------------------------------------ dead letters
@@ -775,7 +933,8 @@ class Lifecycle:
     # ------------------------------------------------------------------ serving
 
     def record_served(self, claimed: Claimed, result: bytes | None, *, error: str | None,
-                      commit: Commit | None = None, reply_type: str | None = None) -> dict[str, str]:
+                      commit: Commit | None = None, reply_type: str | None = None,
+                      unopened: bool = False) -> dict[str, str]:
         """Durably record the handler's outcome and every name still to use; return the fields
         :meth:`finish_served` needs.  :meth:`write_served` then :meth:`served_durable`.
 
@@ -788,10 +947,11 @@ class Lifecycle:
         request's own outbox.
         """
         return self.served_durable(self.write_served(claimed, result, error=error, commit=commit,
-                                                     reply_type=reply_type))
+                                                     reply_type=reply_type, unopened=unopened))
 
     def write_served(self, claimed: Claimed, result: bytes | None, *, error: str | None,
-                     commit: Commit | None = None, reply_type: str | None = None) -> Served:
+                     commit: Commit | None = None, reply_type: str | None = None,
+                     unopened: bool = False) -> Served:
         """The first half of :meth:`record_served`: the ``served`` record written (a large
         result's side file fsynced), the record itself not yet known to be on disk.
 
@@ -813,6 +973,8 @@ class Lifecycle:
         fields = {"claim": claimed.path, "commit": commit.path, "request": claimed.name}
         if commit.cleanup:
             fields["cleanup"] = "1"
+        if unopened:
+            fields["unopened"] = "1"  # committed by move_refused: never opened nor followed
         reply = (layout.reply(claimed.candidate, self.node_id, when, claimed.op_id, error=error is not None,
                               type=reply_type)
                  if result is not None or error is not None else None)
@@ -855,7 +1017,7 @@ class Lifecycle:
                 t.put(stage, io.BytesIO(self.journal.load_result(f)))
                 staged = True
                 crash_point("serve.after-stage")
-            if not self._commit(claim, commit):
+            if not self._commit(claim, commit, unopened=bool(f.get("unopened"))):
                 return self._lost(op_id, stage if staged else None)
             crash_point("serve.after-commit")
             if log.isEnabledFor(logging.DEBUG):  # no message id to cut out when nobody reads it
@@ -892,13 +1054,17 @@ class Lifecycle:
         dead = self.layout.dead_dir
         return bool(dead) and dead is not None and path.startswith(dead.rstrip("/") + "/")
 
-    def _commit(self, claim: str, commit: str) -> bool:
-        """Rename the claim to its commit place (or delete it in place); False if it was lost."""
+    def _commit(self, claim: str, commit: str, *, unopened: bool = False) -> bool:
+        """Rename the claim to its commit place (or delete it in place); False if it was lost.
+        ``unopened``: the claim is not a regular file (moved as it is, never followed)."""
         t = self.transport
         try:
             if commit:
                 self.layout.ensure_dir(t, commit)
-                t.rename(claim, commit)
+                if unopened:
+                    t.move_refused(claim, commit)
+                else:
+                    t.rename(claim, commit)
             else:
                 t.delete(claim)
         except NotFound:  # SourceGone included
@@ -1000,3 +1166,8 @@ def _plain(name: str) -> Envelope:
 
 __all__ = ["UNKNOWN_SIZE", "Claimed", "Commit", "Disposition", "Lifecycle", "Outbound", "Served", "op_id_for",
            "rename_resolving"]
+
+
+def _why(exc: Exception) -> str:
+    """A failure as a reason line: its type and text."""
+    return f"{type(exc).__name__}: {exc}"

@@ -25,8 +25,8 @@ from typing import BinaryIO
 from ftpbc.cluster.liveness import Liveness
 from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.config.topics import TopicConfig
-from ftpbc.errors import FtpbcError, MessageTooLarge, NotFound, TransportError, UnsafeEntry
-from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed
+from ftpbc.errors import FtpbcError, NotFound, TransportError
+from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Unread
 from ftpbc.exchange.message import Message
 from ftpbc.exchange.runtime import Runtime
 from ftpbc.exchange.sweeper import Sweeper
@@ -95,7 +95,7 @@ class FanOut(Provider):
             except TransportError as exc:
                 # Nothing visible, the staged copies removed: the message goes back, counted as
                 # a delivery when the fault is the file's or the area's (a refusal), not the line's.
-                what = (self._retry(functools.partial(lc.read_failed, claimed, exc))
+                what = (lc.read_failed(claimed, exc, retry=self._retry)
                         if self._take_over(claimed) else "handed back at shutdown")
                 log.warning("%s: cannot fan out %s: %s; %s", self.name, claimed.name, exc, what)
                 self._outcome(claimed, "returned", started)
@@ -144,25 +144,9 @@ class FanOut(Provider):
     def _read(self, claimed: Claimed, spool: BinaryIO, started: float) -> int | None:
         """Read the claim into ``spool``; return its size, None if it could not be read (then
         dealt with as a provider deals with it: filed, returned, or lost to another node)."""
-        lc = self.lifecycle
-        try:
-            size = lc.read(claimed, spool)
-        except (UnsafeEntry, MessageTooLarge) as exc:
-            outcome = lc.file_error(claimed, f"{type(exc).__name__}: {exc}",
-                                    refused=isinstance(exc, UnsafeEntry))
-            log.warning("%s: %s cannot be fanned out: %s", self.name, claimed.name, outcome)
-            self.stats.add(failed=1)
-            self._outcome(claimed, "failed", started)
-            return None
-        except NotFound:
-            lc.journal.end(claimed.op_id)  # our claim was returned by a node that thought us dead
-            self.stats.add(lost_claims=1)
-            self._outcome(claimed, "lost", started)
-            return None
-        except TransportError as exc:
-            what = self._retry(functools.partial(lc.read_failed, claimed, exc))
-            log.warning("%s: cannot read %s: %s; %s", self.name, claimed.name, exc, what)
-            self._outcome(claimed, "returned", started)
+        size = self.lifecycle.read_claim(claimed, spool, retry=self._retry, stop=self._stop)
+        if isinstance(size, Unread):
+            self._unread(claimed, size, started)
             return None
         self.observer.received(size, claimed.candidate.mtime)
         return size

@@ -33,12 +33,12 @@ from typing import Protocol, TypeVar
 
 from ftpbc.cluster.liveness import Liveness, LoopGuard
 from ftpbc.cluster.poll_lock import PollLock
-from ftpbc.errors import MessageTooLarge, NotFound, TransportError, UnsafeEntry
+from ftpbc.errors import TransportError
 from ftpbc.exchange.backlog import RELIST_COST_FACTOR as RELIST_COST_FACTOR
 from ftpbc.exchange.backlog import BoxLister
 from ftpbc.exchange.layout import KEY_PREFIX as TRANSFER_KEY_PREFIX
 from ftpbc.exchange.layout import Candidate
-from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Lifecycle
+from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Lifecycle, Unread
 from ftpbc.exchange.message import Message, result_bytes
 from ftpbc.faults import fail_point
 from ftpbc.metrics import NULL_OBSERVER, EndpointObserver
@@ -335,6 +335,30 @@ class Poller:
             if self._slot_wanted:
                 self._in_flight_cv.notify_all()  # its wait is timed to the first one ripe
 
+    def _unread(self, claimed: Claimed, unread: Unread, started: float) -> bool:
+        """A claim :meth:`Lifecycle.read_claim` could not read (and settled): counted, logged
+        and reported as its outcome.  False (not served)."""
+        # Not counted as failed: that counter is for handlers that raised (dead letters have
+        # their own, from the lifecycle's observer).
+        if unread.kind == "lost":
+            self.stats.add(lost_claims=1)
+        else:
+            log.warning("%s: cannot read %s: %s; %s", self.name, claimed.name, unread.error,
+                        unread.disposition)
+        self._outcome(claimed, _FILED.get(unread.kind, "failed"), started)
+        return False
+
+    def _outcome(self, claimed: Claimed, outcome: str, started: float, detail: str = "",
+                 *args: object) -> None:
+        """The one INFO line per message: its outcome and how long this node took over it.
+
+        Lazy %-arguments, and nothing built unless INFO is on: this runs once per message."""
+        if not log.isEnabledFor(logging.INFO):
+            return
+        log.info("%s: %s %s in %.3f s" + (" " + detail if detail else ""), self.name, claimed.name, outcome,
+                 time.monotonic() - started, *args,
+                 extra={**_about(self.name, claimed), "event": outcome})
+
     def _retry(self, step: Callable[[], T]) -> T | None:
         """Run an idempotent step until it succeeds or the node stops (recovery then finishes).
 
@@ -541,17 +565,6 @@ class Provider(Poller):
             self._outcome(claimed, "lost" if ok is False else "unfinished", started)
         return ok is not None
 
-    def _outcome(self, claimed: Claimed, outcome: str, started: float, detail: str = "",
-                 *args: object) -> None:
-        """The one INFO line per message: its outcome and how long this node took over it.
-
-        Lazy %-arguments, and nothing built unless INFO is on: this runs once per message."""
-        if not log.isEnabledFor(logging.INFO):
-            return
-        log.info("%s: %s %s in %.3f s" + (" " + detail if detail else ""), self.name, claimed.name, outcome,
-                 time.monotonic() - started, *args,
-                 extra={**_about(self.name, claimed), "event": outcome})
-
     def _take(self, count: int) -> list[Candidate]:
         """``count`` files from the best part of the backlog, chosen at random within it.
 
@@ -615,33 +628,9 @@ class Provider(Poller):
         lc = self.lifecycle
         spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115
         with spool:
-            try:
-                size = lc.read(claimed, spool)  # type: ignore[arg-type]
-            except UnsafeEntry as exc:
-                # Replaced by a link (or a fifo) since it was claimed: moved as it is, unopened.
-                outcome = lc.file_error(claimed, f"{type(exc).__name__}: {exc}", refused=True)
-                log.warning("%s: %s is not a file it can read: %s", self.name, claimed.name, outcome)
-                self.stats.add(failed=1)
-                self._outcome(claimed, _FILED.get(outcome.kind, "failed"), started)
-                return False
-            except MessageTooLarge as exc:  # listed larger than max_message_bytes: filed unread
-                outcome = lc.file_error(claimed, f"{type(exc).__name__}: {exc}")
-                log.warning("%s: %s is too large to read: %s", self.name, claimed.name, outcome)
-                self.stats.add(failed=1)
-                self._outcome(claimed, _FILED.get(outcome.kind, "failed"), started)
-                return False
-            except NotFound:
-                # Our claim vanished: a live node returned it, believing us dead.
-                lc.journal.end(claimed.op_id)
-                self.stats.add(lost_claims=1)
-                self._outcome(claimed, "lost", started)
-                return False
-            except TransportError as exc:
-                what = self._retry(functools.partial(lc.read_failed, claimed, exc))
-                log.warning("%s: cannot read %s: %s; %s", self.name, claimed.name, exc, what)
-                kind = getattr(what, "kind", None)
-                self._outcome(claimed, "unfinished" if kind is None else _FILED.get(kind, "failed"), started)
-                return False
+            size = lc.read_claim(claimed, spool, retry=self._retry, stop=self._stop)  # type: ignore[arg-type]
+            if isinstance(size, Unread):
+                return self._unread(claimed, size, started)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("%s: read %s: %d bytes", self.name, claimed.name, size,
                           extra=_about(self.name, claimed))
@@ -715,7 +704,8 @@ class Provider(Poller):
 
 
 #: a Disposition's kind (ftpbc.exchange.lifecycle) as the outcome of a message's log line
-_FILED = {"returned": "returned", "error": "failed", "dead": "dead-lettered", "gone": "lost"}
+_FILED = {"returned": "returned", "error": "failed", "dead": "dead-lettered", "gone": "lost", "lost": "lost",
+          "unfinished": "unfinished"}
 
 
 def _about(endpoint: str, claimed: Claimed | Candidate) -> dict[str, object]:

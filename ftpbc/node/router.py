@@ -49,13 +49,13 @@ from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.config.models import Config, EndpointConfig
 from ftpbc.config.routes import match_server
 from ftpbc.config.servers import ServerConfig
-from ftpbc.errors import ConfigError, MessageTooLarge, NotFound, TransportError, UnsafeEntry
+from ftpbc.errors import ConfigError, TransportError
 from ftpbc.exchange import route
 from ftpbc.exchange.area import archive_name, claim_name
 from ftpbc.exchange.capacity import Capacity
 from ftpbc.exchange.envelope import Envelope, PropertyValue
 from ftpbc.exchange.layout import AreaLayout
-from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Lifecycle
+from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Lifecycle, Unread
 from ftpbc.exchange.policy import QueuePolicy
 from ftpbc.node.destinations import Destination, Destinations, InboxFull, retry_policy
 from ftpbc.node.provider import Poller
@@ -239,21 +239,9 @@ class Router(Poller):
         started = time.monotonic()
         spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115
         with spool:
-            try:
-                lc.read(claimed, spool)  # type: ignore[arg-type]
-            except (UnsafeEntry, MessageTooLarge) as exc:
-                what = lc.file_error(claimed, f"{type(exc).__name__}: {exc}",
-                                     refused=isinstance(exc, UnsafeEntry))
-                log.warning("%s: %s cannot be read: %s", self.name, claimed.name, what)
-                return False
-            except NotFound:
-                lc.journal.end(claimed.op_id)  # another node returned our claim: it routes it
-                return False
-            except TransportError as exc:
-                failure = exc
-                returned = self._retry(lambda: lc.read_failed(claimed, failure))
-                log.warning("%s: cannot read %s: %s; %s", self.name, claimed.name, exc, returned)
-                return False
+            unread = lc.read_claim(claimed, spool, retry=self._retry, stop=self._stop)  # type: ignore[arg-type]
+            if isinstance(unread, Unread):
+                return self._unread(claimed, unread, started)
             plan, reason = self._decide(claimed, spool)  # type: ignore[arg-type]
             if not self._delivering(claimed):
                 return False
@@ -271,7 +259,7 @@ class Router(Poller):
     def _file(self, claimed: Claimed, reason: str) -> None:
         """No outlink for it: the source's error directory, with the reason beside it."""
         self.route_stats.add("filed")
-        what = self._retry(lambda: self.lifecycle.file_error(claimed, reason))
+        what = self.lifecycle.file_error(claimed, reason, retry=self._retry)
         log.warning("%s: %s: %s; %s", self.name, claimed.name, reason, what)
 
     def _decide(self, claimed: Claimed, spool: BinaryIO) -> tuple[Plan | None, str | None]:
