@@ -160,7 +160,7 @@ def test_journal_command_lists_pending_and_recover_decides_them(cluster: Cluster
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         f"{ENDPOINT}: u1.send (send): rolled back: staged file removed, never exposed",
-        f"{ENDPOINT}: u2.serve (claim): returned as delivery 1 of 5, held here for 1 s",
+        f"{ENDPOINT}: u2.serve (claim): returned as delivery 1 of 5, held for 1 s by every node",
         "2 operation(s) recovered for node n1",
     ]
     assert cluster.files("instage") == [] and cluster.files("inselect") == []
