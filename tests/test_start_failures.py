@@ -22,6 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,22 @@ def _node(status: dict[str, Any], node_id: str) -> dict[str, Any] | None:
     return next((n for n in status["nodes"] if n["id"] == node_id), None)
 
 
+def _wait_for_node(config: Path, env: dict[str, str], node_id: str,
+                   condition: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
+    """``node_id`` as ``ftpbc status --json`` lists it, once ``condition`` holds (deadline 60 s)."""
+    found: dict[str, Any] = {}
+
+    def check() -> bool:
+        node = _node(_status(config, env), node_id)
+        if node is None or not condition(node):
+            return False
+        found.update(node)
+        return True
+
+    wait_until(check, timeout=60, interval=0.2, what=what)
+    return found
+
+
 def _get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=10) as reply:
@@ -143,9 +160,9 @@ def test_serve_with_a_wrong_password_says_so_and_serves_once_the_file_is_right(
     try:
         wait_until(lambda: "start-up: failed: AuthenticationFailed" in log.read_text(), timeout=30,
                    what="the refused login in the log")
-        node = wait_until(lambda: (n := _node(_status(config, env), "node-a")) is not None
-                          and (n["not_serving"] or "").startswith("AuthenticationFailed") and n,
-                          timeout=30, interval=0.2, what="status to say node-a is not serving")
+        node = _wait_for_node(config, env, "node-a",
+                              lambda n: (n["not_serving"] or "").startswith("AuthenticationFailed"),
+                              "status to say node-a is not serving")
         assert node["alive"] and node["serves"] is None, node
         text = _ftpbc(["status", "-c", str(config)], env).stdout.decode()
         assert "    not serving: AuthenticationFailed" in text and "serves echo" not in text, text
@@ -158,9 +175,8 @@ def test_serve_with_a_wrong_password_says_so_and_serves_once_the_file_is_right(
                    interval=0.1, what=f"node-a to serve with the right password:\n{log.read_text()}")
         served = _ftpbc(["request", "-c", str(config), "echo", "--data", "up", "--timeout", "30"], env)
         assert served.returncode == 0 and served.stdout == b"re:up", served.stderr.decode()
-        node = wait_until(lambda: (n := _node(_status(config, env), "node-a")) is not None
-                          and n["not_serving"] is None and n, timeout=30, interval=0.2,
-                          what="status to say node-a serves")
+        node = _wait_for_node(config, env, "node-a", lambda n: n["not_serving"] is None,
+                              "status to say node-a serves")
         assert node["serves"] == {"endpoints": ["echo"], "transfers": []}, node
         text = log.read_text()
         assert text.count("start-up: failed") == 1, text  # one line per kind of failure
@@ -181,7 +197,8 @@ def test_a_node_waits_through_refused_logins_with_server_coordination(
     try:
         wait_until(lambda: (node.not_serving or "").startswith("AuthenticationFailed"), timeout=30,
                    what="the refused login")
-        assert not_ready(node) == [f"not serving: {node.not_serving}"] and not node.providers
+        [why] = not_ready(node)
+        assert why.startswith("not serving: AuthenticationFailed") and not node.providers, why
         _set_password(tmp_path / "pw", str(pyftpdlib_server.password))
         wait_until(lambda: not starter.is_alive(), timeout=90, what="the start-up to succeed")
         assert node.not_serving is None and set(node.providers) == {"echo"}
@@ -209,17 +226,16 @@ def test_status_shows_a_killed_node_dead_at_once(pyftpdlib_server: ServerHandle,
         serve = subprocess.Popen([*FTPBC, "serve", "-c", str(config), "--node-id", "node-a"], cwd=REPO,
                                  env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
     try:
-        node = wait_until(lambda: (n := _node(_status(config, env), "node-a")) is not None
-                          and n["serves"] is not None and n, timeout=60, interval=0.2,
-                          what=f"node-a to serve:\n{log.read_text()}")
+        node = _wait_for_node(config, env, "node-a", lambda n: n["serves"] is not None,
+                              f"node-a to serve ({log})")
         assert node["alive"] and node["pid"] == serve.pid and node["host"] == HOST, node
     finally:
         serve.kill()
         serve.wait(timeout=10)  # reaped: a zombie process still answers kill(pid, 0)
     status = _status(config, env)
-    node = _node(status, "node-a")
-    assert node is not None and node["heartbeat_age"] < status["lease"], node
-    assert not node["alive"] and node["process_gone"], node
+    gone = _node(status, "node-a")
+    assert gone is not None and gone["heartbeat_age"] < status["lease"], gone
+    assert not gone["alive"] and gone["process_gone"], gone
     text = _ftpbc(["status", "-c", str(config)], env).stdout.decode()
     assert "DEAD   heartbeat" in text, text
     assert f"pid {serve.pid} host {HOST} (no such process on this host)" in text, text
