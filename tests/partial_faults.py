@@ -46,7 +46,14 @@ from typing import Any
 
 import yaml
 
-from ftpbc.errors import FtpbcError, RemoteHandlerError, RequestExpired, RequestTimeout, TransportError
+from ftpbc.errors import (
+    FtpbcError,
+    RemoteHandlerError,
+    RequestExpired,
+    RequestTimeout,
+    TransportError,
+    UnknownRequest,
+)
 from ftpbc.transport.ftp import FTPTransport
 from tests.chaos import (
     ENDPOINT,
@@ -294,6 +301,10 @@ class FaultLedger(Ledger):
     and answer time."""
 
     errors: dict[str, str] = field(default_factory=dict)
+    #: a failed submit's uuid -> what its client's journal recovery said of it, in the end
+    send_outcomes: dict[str, str] = field(default_factory=dict)
+    #: collects refused at once (UnknownRequest): uuid -> why
+    unknown: dict[str, str] = field(default_factory=dict)
     phase_of: dict[str, str] = field(default_factory=dict)
     answered_at: dict[str, float] = field(default_factory=dict)
 
@@ -335,7 +346,9 @@ def fault_client(cluster: Cluster, client_id: str, requests: Requests, ledger: F
                 except TransportError:
                     with ledger.lock:
                         ledger.submit_errors += 1
-                    uid, outcome = _recover_own_send(client, stop)
+                    uid, outcome = _settled_send(client, stop)
+                    with ledger.lock:
+                        ledger.send_outcomes[uid] = outcome
                     if outcome.startswith("rolled back"):
                         with ledger.lock:
                             ledger.rolled_back[uid] = body
@@ -361,6 +374,10 @@ def fault_client(cluster: Cluster, client_id: str, requests: Requests, ledger: F
                     with ledger.lock:
                         ledger.timeouts.append(uid)
                     break
+                except UnknownRequest as exc:  # said at once: asking again changes nothing
+                    with ledger.lock:
+                        ledger.unknown[uid] = str(exc)
+                    break
                 except FtpbcError:
                     with ledger.lock:
                         ledger.collect_retries += 1
@@ -371,6 +388,22 @@ def fault_client(cluster: Cluster, client_id: str, requests: Requests, ledger: F
                     ledger.answers[uid].append(answer)
                     ledger.answered_at[uid] = time.time()
                 break
+
+
+#: outcomes of a send's recovery that decide nothing yet (the server could not be reached)
+UNSETTLED = ("left for the next recovery", "deferred")
+#: how long a client retries the recovery of a failed submit before it gives up
+SETTLE_TIMEOUT = 60.0
+
+
+def _settled_send(client: Any, stop: threading.Event) -> tuple[str, str]:
+    """After a failed submit: replay the client's journal until it decides the send (rolled back
+    or exposed), as a careful caller does; (uuid, outcome)."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    while True:
+        uid, outcome = _recover_own_send(client, stop)
+        if not outcome.startswith(UNSETTLED) or time.monotonic() > deadline or stop.wait(0.2):
+            return uid, outcome
 
 
 def run_clients(cluster: Cluster, requests: Requests, ledger: FaultLedger, *, clients: int,
@@ -463,7 +496,7 @@ def claim_returns(node_logs: list[Path]) -> dict[tuple[str, str], list[float]]:
     return out
 
 
-_SERVER_OP = re.compile(r'\] OK (UPLOAD|RENAME): Client "[^"]*", "([^"]*)"')
+_SERVER_OP = re.compile(r'\] OK (UPLOAD|RENAME|DELETE): Client "[^"]*", "([^"]*)"')
 
 
 @dataclass
@@ -479,6 +512,9 @@ class ServerHistory:
     exposed: Counter[str] = field(default_factory=Counter)
     #: uuid -> how many times its request was taken back from a holder
     returned: Counter[str] = field(default_factory=Counter)
+    #: requests uploaded whole to the in stage directory, and those renamed from there to the inbox
+    requests_staged: set[str] = field(default_factory=set)
+    requests_exposed: set[str] = field(default_factory=set)
 
 
 def server_history(log: Path, repository: str) -> ServerHistory:
@@ -493,8 +529,12 @@ def server_history(log: Path, repository: str) -> ServerHistory:
         m = _SERVER_OP.search(line)
         if m is None or not m.group(2).startswith(root):
             continue
+        if m.group(1) == "DELETE":
+            continue
         if m.group(1) == "UPLOAD":
             directory, _, name = m.group(2)[len(root):].rpartition("/")
+            if directory == "instage" and (uid := _uuid_of(name, "req.")):
+                out.requests_staged.add(uid)
             uid = _uuid_of(name, "resp.") if directory == "outstage" else None
             if uid is not None and uid in held and name.rsplit("~", 1)[-1] == held[uid][0]:
                 holder, claimed, _ = held[uid]
@@ -514,6 +554,8 @@ def server_history(log: Path, repository: str) -> ServerHistory:
                         f"whole (line {uploaded}), then the request returned to the inbox (line {number})")
         elif sdir == "outstage" and ddir == "outbox" and (uid := _uuid_of(dname, "resp.")):
             out.exposed[uid] += 1
+        elif sdir == "instage" and ddir == "inbox" and (uid := _uuid_of(dname, "req.")):
+            out.requests_exposed.add(uid)
     return out
 
 
@@ -572,6 +614,9 @@ class Verdict:
     #: from the server's log: requests taken from a holder whose whole result was on the server
     returned_after_staged: list[str]
     exposed_twice: list[str]
+    #: failed submits the client's recovery called exposed, whose whole staged request the server
+    #: deleted without ever putting it in the inbox: uuid -> the outcome the caller was given
+    misreported_sends: dict[str, str]
     leftovers: dict[str, list[str]]
     pending: dict[str, dict[str, list[str]]]
     journal_files_nonempty: list[str]
@@ -592,6 +637,10 @@ class Verdict:
                             ("rolled back yet on the server", self.rolled_back_present)):
             if items:
                 out.append(f"{len(items)} {what}: {items[:5]}")
+        if self.misreported_sends:
+            out.append(f"{len(self.misreported_sends)} failed submits recovered as exposed, whose staged "
+                       f"request was deleted and never reached the inbox (server log): "
+                       f"{list(self.misreported_sends.items())[:5]}")
         if self.exposed_twice:
             out.append(f"{len(self.exposed_twice)} with two responses put in the outbox (server log): "
                        f"{self.exposed_twice[:5]}")
@@ -656,6 +705,9 @@ def judge(cluster: Cluster, ledger: FaultLedger, events: list[FaultEvent], unrec
         handler_runs=sum(len(rs) for rs in runs.values()), reruns=find_reruns(runs, returns, events),
         returned_after_staged=history.returned_after_staged,
         exposed_twice=sorted(u for u, n in history.exposed.items() if n > 1),
+        misreported_sends={u: o for u, o in ledger.send_outcomes.items()
+                           if not o.startswith(("rolled back", *UNSETTLED))
+                           and u in history.requests_staged and u not in history.requests_exposed},
         leftovers=cluster.leftovers(), pending=cluster.pending(),
         journal_files_nonempty=cluster.nonempty_journal_files(), unrecovered=unrecovered)
 
@@ -689,6 +741,11 @@ class FaultRunResult:
     relay_stats: dict[str, dict[str, float]]
     seed: int
     seconds: float
+    #: seconds the boxes took to empty once the clients were done; each node's exit status
+    drained_in: float
+    exits: dict[str, int | None]
+    #: what was still in the boxes when the drain's deadline passed (the nodes running)
+    undrained: dict[str, list[str]]
 
     def report(self) -> str:
         v, led = self.verdict, self.ledger
@@ -699,8 +756,10 @@ class FaultRunResult:
             f"{faults.sent}), answered once "
             f"{v.answered_once}, errors to caller {len(v.errors_to_caller)}, never exposed (submit failed) "
             f"{v.indeterminate_absent}, lost {len(v.lost)}, answered twice {len(v.answered_twice)}, "
-            f"wrong {len(v.wrong)}; submit errors {led.submit_errors} (rolled back {len(led.rolled_back)}), "
-            f"collect retries {led.collect_retries}",
+            f"wrong {len(v.wrong)}; submit errors {led.submit_errors} (recovered as "
+            f"{dict(Counter(o.split(':')[0] for o in led.send_outcomes.values()))}), collects refused "
+            f"{len(led.unknown)}, collect timeouts {len(led.timeouts)}, collect retries "
+            f"{led.collect_retries}",
             f"handler runs {v.handler_runs}, re-runs {len(v.reruns)} by cause {v.causes()}, unattributed "
             f"{len(v.unattributed)}; their earlier run had recorded its result in "
             f"{sum(1 for r in v.reruns if r.earlier.recorded)}, begun staging it in "
@@ -722,6 +781,9 @@ class FaultRunResult:
             per_fault[r.causes[0] if r.causes else "unattributed"][r.cut_by.split(" (")[0]] += 1
         if per_fault:
             lines.append("re-runs per fault: " + "; ".join(f"{k}: {dict(c)}" for k, c in per_fault.items()))
+        lines.append(f"boxes empty {self.drained_in:.1f} s after the clients were done"
+                     + (f" (NOT: {dict((k, v[:3]) for k, v in self.undrained.items())})" if self.undrained else "")
+                     + f"; nodes exited {self.exits}")
         lines.append("relay: " + "; ".join(
             f"{r}: {int(s['connections'])} conns, {int(s['data_connections'])} data, "
             f"{int(s['stalls'])} stalls, {int(s['resets'])} resets, {int(s['refused'])} refused"
@@ -764,18 +826,20 @@ def run_partial_faults(cluster: Cluster, relay: RelayProcess, faults: Faults, sc
         if nemesis.error is not None:
             raise nemesis.error
         # The sweepers run on: what a cut-off node left behind must go (or stay, and be reported).
-        deadline = time.monotonic() + drain_timeout
+        drain_started = time.monotonic()
+        deadline = drain_started + drain_timeout
         while cluster.leftovers() and time.monotonic() < deadline:
             time.sleep(0.2)
+        drained_in = time.monotonic() - drain_started
+        undrained = cluster.leftovers()
         relay_stats = relay.stats()
     finally:
         nemesis.halt()
         faults.heal_all()
-        for n in nodes:
-            n.stop()
+        exits = {n.node_id: n.stop() for n in nodes}
     verdict = judge(cluster, ledger, nemesis.events, nemesis.unrecovered, server_log)
     return FaultRunResult(verdict, phases, nemesis.events, ledger, relay_stats, seed,
-                          time.monotonic() - started)
+                          time.monotonic() - started, drained_in, exits, undrained)
 
 
 def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:

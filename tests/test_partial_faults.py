@@ -14,17 +14,31 @@ throughput under faults beside a fault-free baseline of the same cluster.
 
 from __future__ import annotations
 
+import ftplib
+import io
 import os
 import random
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.chaos import REPO, NodeProcess, make_cluster
-from tests.faults_net import RelayProcess
+from tests.faults_net import LinkFault, RelayProcess
 from tests.hosts import Host, Network, host_node_config, reaches, require_netns, vsftpd_in
-from tests.partial_faults import Faults, Step, coordination_dir, route_configs, run_partial_faults
+from tests.partial_faults import (
+    FaultEvent,
+    Faults,
+    Step,
+    coordination_dir,
+    find_reruns,
+    read_runs,
+    route_configs,
+    run_partial_faults,
+    server_history,
+)
 from tests.servers.handle import ServerHandle
 from tests.servers.vsftpd import VsftpdProcess, running_vsftpd
 from tests.support import require_binary, wait_until
@@ -140,3 +154,94 @@ def test_no_request_lost_or_answered_twice_under_partial_faults(network: Network
     problems = v.violations()
     assert not problems, "\n".join(problems) + "\n" + report
     assert v.answered_once + len(v.errors_to_caller) + v.indeterminate_absent == v.sent, report
+
+
+# ---------------------------------------------------------------------- the harness itself
+
+
+def _ftp_through(relay: RelayProcess, handle: ServerHandle) -> ftplib.FTP:
+    ftp = ftplib.FTP()
+    ftp.connect("127.0.0.1", relay.ports["r"], timeout=10)
+    ftp.login(handle.url.split("://", 1)[1].split("@", 1)[0], handle.password or "")
+    return ftp
+
+
+def test_the_relay_forwards_commands_and_both_passive_modes_and_injects_its_faults(
+        pyftpdlib_server: ServerHandle, tmp_path: Path) -> None:
+    handle = pyftpdlib_server
+    host, port = handle.url.split("@", 1)[1].rstrip("/").rsplit(":", 1)
+    base = handle.fresh_dir()
+    with RelayProcess("127.0.0.1", (host, int(port)), ["r"], seed=1, log=tmp_path / "relay.log",
+                      cwd=REPO) as relay:
+        ftp = _ftp_through(relay, handle)
+        body = os.urandom(200_000)
+        ftp.storbinary(f"STOR {base}/pasv", io.BytesIO(body))  # ftplib uses PASV on IPv4
+        assert handle.local(f"{base}/pasv").read_bytes() == body
+        # EPSV, as ftpbc uses it (ftplib asks it for IPv6, and connects to the control peer).
+        ftp.af = socket.AF_INET6
+        got = io.BytesIO()
+        ftp.retrbinary(f"RETR {base}/pasv", got.write)
+        assert got.getvalue() == body
+        stats = relay.stats()["r"]
+        # Both transfers went through the relay (unrewritten, they would have gone around it).
+        assert stats["data_connections"] == 2 and stats["bytes"] >= 2 * len(body)
+
+        relay.set_fault("r", LinkFault(delay=0.1))
+        began = time.monotonic()
+        ftp.voidcmd("NOOP")
+        assert time.monotonic() - began >= 0.2  # the command and its reply each waited 0.1 s
+        relay.set_fault("r", LinkFault(reset_p=1.0))
+        with pytest.raises((OSError, EOFError, ftplib.Error)):
+            ftp.voidcmd("NOOP")
+        assert relay.stats()["r"]["resets"] >= 1
+        relay.set_fault("r", None)
+        _ftp_through(relay, handle).quit()  # healed: new sessions pass again
+
+
+def _vsftpd_line(op: str, what: str) -> str:
+    return f'Fri Nov 27 22:28:39 2026 [pid 1] [u] OK {op}: Client "10.0.0.1", "{what}"'
+
+
+def test_the_server_history_finds_a_request_taken_from_a_node_after_its_result_was_uploaded(
+        tmp_path: Path) -> None:
+    r, u, v = "/t-x", "11111111-2222-3333-4444-555555555555", "66666666-2222-3333-4444-555555555555"
+    log = tmp_path / "vsftpd.log"
+    log.write_text("\n".join([
+        # u: claimed by n1, its response uploaded whole, then returned to the inbox: a violation
+        _vsftpd_line("RENAME", f"{r}/inbox/req.{u} {r}/inselect/req.{u}~n1"),
+        _vsftpd_line("UPLOAD", f"{r}/outstage/resp.{u}~n1") + ", 23 bytes, 1.00Kbyte/sec",
+        _vsftpd_line("RENAME", f"{r}/inselect/req.{u}~n1 {r}/inbox/req.{u}"),
+        _vsftpd_line("RENAME", f"{r}/inbox/req.{u} {r}/inselect/req.{u}~n2"),
+        _vsftpd_line("RENAME", f"{r}/inselect/req.{u}~n2 {r}/inarchive/req.{u}~n2~20261127T222840.024Z"),
+        _vsftpd_line("RENAME", f"{r}/outstage/resp.{u}~n2 {r}/outbox/resp.{u}"),
+        # v: returned before anything was uploaded (a cut-off node), then served, but put out twice
+        _vsftpd_line("RENAME", f"{r}/inbox/req.{v} {r}/inselect/req.{v}~n1"),
+        _vsftpd_line("RENAME", f"{r}/inselect/req.{v}~n1 {r}/inbox/req.{v}"),
+        _vsftpd_line("UPLOAD", f"{r}/outstage/resp.{v}~n1") + ", 23 bytes, 1.00Kbyte/sec",
+        _vsftpd_line("RENAME", f"{r}/outstage/resp.{v}~n1 {r}/outbox/resp.{v}"),
+        _vsftpd_line("RENAME", f"{r}/outstage/resp.{v}~n2 {r}/outbox/resp.{v}"),
+    ]) + "\n")
+    history = server_history(log, r)
+    assert [line.split(":")[0] for line in history.returned_after_staged] == [u]
+    assert history.returned == {u: 1, v: 1}
+    assert history.exposed == {u: 1, v: 2}
+
+
+def test_a_rerun_is_attributed_to_a_fault_on_the_earlier_node_or_to_none(tmp_path: Path) -> None:
+    u = "11111111-2222-3333-4444-555555555555"
+    logs = [tmp_path / "handler-n0.log", tmp_path / "handler-n1.log"]
+    logs[0].write_text(f"start {u} n0 100.0 x\nreturn {u} n0 100.5\nrecorded {u} n0 100.6\n"
+                       f"staging {u} n0 100.7\n")
+    logs[1].write_text(f"start {u} n1 110.0 x\nreturn {u} n1 110.1\nstaged {u} n1 110.3\n")
+    runs = read_runs(logs)
+    assert [r.node for r in runs[u]] == ["n0", "n1"]
+    assert runs[u][0].recorded == 100.6 and runs[u][0].staged is None and runs[u][1].staged == 110.3
+    returns = {(u, "n0"): [108.0]}
+    partition = FaultEvent("partition", "n0", 100.65, healed=110.65, recovered=111.0)
+    [rerun] = find_reruns(runs, returns, [partition, FaultEvent("pause", "n1", 90.0, 99.0, 99.5)])
+    assert rerun.cut == 108.0 and rerun.causes == ["partition n0"]
+    # A fault on another node, or one over before the run began, explains nothing.
+    elsewhere = FaultEvent("partition", "n1", 100.65, healed=110.65, recovered=111.0)
+    earlier = FaultEvent("pause", "n0", 80.0, healed=90.0, recovered=91.0)
+    [rerun] = find_reruns(runs, returns, [elsewhere, earlier])
+    assert rerun.causes == []
