@@ -781,9 +781,9 @@ class FaultRunResult:
             per_fault[r.causes[0] if r.causes else "unattributed"][r.cut_by.split(" (")[0]] += 1
         if per_fault:
             lines.append("re-runs per fault: " + "; ".join(f"{k}: {dict(c)}" for k, c in per_fault.items()))
+        undrained = {k: v[:3] for k, v in self.undrained.items()}
         lines.append(f"boxes empty {self.drained_in:.1f} s after the clients were done"
-                     + (f" (NOT: {dict((k, v[:3]) for k, v in self.undrained.items())})" if self.undrained else "")
-                     + f"; nodes exited {self.exits}")
+                     + (f" (NOT: {undrained})" if undrained else "") + f"; nodes exited {self.exits}")
         lines.append("relay: " + "; ".join(
             f"{r}: {int(s['connections'])} conns, {int(s['data_connections'])} data, "
             f"{int(s['stalls'])} stalls, {int(s['resets'])} resets, {int(s['refused'])} refused"
