@@ -563,7 +563,7 @@ def test_links_at_every_predictable_name_are_never_followed_by_a_node_or_a_clien
     os.mkfifo(ep / "inbox" / "req.0b7e8a64-5c1a-4d2e-9f3b-aa00000000ac")
     (ep / "inbox" / "req.0b7e8a64-5c1a-4d2e-9f3b-aa00000000ad").mkdir()
     # Every name the two requests will take on their way.
-    planted = [f"instage/req.{u}~cli", f"outstage/resp.{u}~node-a",
+    planted = [f"instage/req.{u}~cli",
                f"outbox/resp.{u}", f"outselect/resp.{u}~cli", f"inarchive/req.{u}~node-a~{FIXED_STAMP}",
                f"outarchive/resp.{u}~cli~{FIXED_STAMP}",
                f"instage/req.{f}~cli", f"inselect/req.{f}~node-a",
@@ -573,10 +573,11 @@ def test_links_at_every_predictable_name_are_never_followed_by_a_node_or_a_clien
     for name in planted:
         _plant_link(ep / name, secret)
     # a link to a directory at the claim name (a rename replaces the link, never fills the
-    # directory), and a hard link to .netrc at a stage name (a put replaces it, never writes it)
+    # directory), and a hard link to .netrc at a stage name (a put replaces it, never writes it;
+    # a staged reply's name carries its size, here that of b"re:hello")
     _plant_link(ep / f"inselect/req.{u}~node-a", private_dir)
     (ep / "outstage").mkdir(exist_ok=True)
-    os.link(secret, ep / f"outstage/resp.{f}.error~node-a")
+    os.link(secret, ep / f"outstage/resp.{u}~node-a=8")
 
     node = Node(_repository_config(tmp_path, "node-a"), handlers={"ep": _echo_or_fail})
     started.append(node)
@@ -591,9 +592,9 @@ def test_links_at_every_predictable_name_are_never_followed_by_a_node_or_a_clien
 
     # Every planted name was used (so the names were predicted right): each link there was
     # replaced by the node's own file, and that file moved on or stayed as the final one.
-    planted += [f"inselect/req.{u}~node-a", f"outstage/resp.{f}.error~node-a"]
+    planted += [f"inselect/req.{u}~node-a"]
     assert [n for n in planted if (ep / n).is_symlink()] == []
-    assert not (ep / f"outstage/resp.{f}.error~node-a").exists()
+    assert not (ep / f"outstage/resp.{u}~node-a=8").exists()
     # The real messages went where they belong, as files, with their own contents.
     served = ep / f"inarchive/req.{u}~node-a~{FIXED_STAMP}"
     assert not served.is_symlink() and served.read_bytes() == b"hello"

@@ -47,6 +47,8 @@ Direction = Literal["in", "out"]
 KINDS = ("box", "stage", "select", "archive", "protect", "error", "expired", "dead")
 
 CLAIM_SEPARATOR = "~"
+#: between a staged reply's node and its size (``resp.<uuid>~node-a=17``); never in a node id
+SIZE_SEPARATOR = "="
 REASON_SUFFIX = ".reason"
 ERROR_REPLY_SUFFIX = ".error"
 
@@ -131,3 +133,25 @@ def split_claim(claimed: str) -> tuple[str, str | None]:
     if not sep:
         return claimed, None
     return name, node
+
+
+def sized_stage_name(name: str, node_id: str, size: int) -> str:
+    """Name of a reply ``name`` staged by ``node_id`` with ``size`` bytes: the size in the name
+    is what proves a staged reply complete to another node (a node killed mid-upload leaves a
+    shorter file), so the node that takes the request over can deliver it instead of running
+    the handler again."""
+    return check_name(f"{name}{CLAIM_SEPARATOR}{node_id}{SIZE_SEPARATOR}{size}")
+
+
+def split_stage(staged: str) -> tuple[str, str | None, int | None]:
+    """``(name, node, size)`` of a staged file's name; size None when the name carries none
+    (a staged message, a transfer's file, a reply staged by an older release)."""
+    name, owner = split_claim(staged)
+    if owner is None:
+        return name, None, None
+    node, sep, size = owner.partition(SIZE_SEPARATOR)
+    if not sep:
+        return name, owner, None
+    if not size.isdigit() or len(size) > 15:
+        return name, node, None  # not one of ours: never taken for complete
+    return name, node, int(size)

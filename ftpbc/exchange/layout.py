@@ -31,7 +31,14 @@ from typing import Literal
 
 from ftpbc.config.models import EndpointConfig, TransferConfig, split_pattern_path
 from ftpbc.errors import ConfigError, FtpbcError, UnsafeNameError
-from ftpbc.exchange.area import ERROR_REPLY_SUFFIX, ExchangeArea, archive_name, claim_name, parse_archive_name
+from ftpbc.exchange.area import (
+    ERROR_REPLY_SUFFIX,
+    ExchangeArea,
+    archive_name,
+    claim_name,
+    parse_archive_name,
+    sized_stage_name,
+)
 from ftpbc.exchange.envelope import (
     ERROR_TYPE,
     NAME_LIMIT,
@@ -307,9 +314,10 @@ class Layout(ABC):
         """Where a served (``error``: failed) message goes."""
 
     def reply(self, c: Candidate, node_id: str, when: datetime, op_id: str, *,
-              error: bool, type: str | None = None) -> Outbound | None:
+              error: bool, type: str | None = None, size: int | None = None) -> Outbound | None:
         """Where a handler's result (or error reply; ``type``: a reply of that type) for ``c``
-        goes; None: nowhere."""
+        goes; None: nowhere.  ``size``: the reply's byte count, carried by its stage name where
+        the layout lets another node adopt a staged reply (:func:`~ftpbc.exchange.area.sized_stage_name`)."""
         return None
 
     def reply_refusal(self, c: Candidate) -> str | None:
@@ -442,7 +450,7 @@ class AreaLayout(Layout):
                       cleanup=not self.config.archive)
 
     def reply(self, c: Candidate, node_id: str, when: datetime, op_id: str, *,
-              error: bool, type: str | None = None) -> Outbound | None:
+              error: bool, type: str | None = None, size: int | None = None) -> Outbound | None:
         """The response goes to the outbox of the endpoint the request's reply_to names, staged
         in that endpoint's outstage; to this endpoint's own outbox when there is no reply_to,
         when it names this endpoint, or when it cannot be reached (:meth:`reply_refusal`: the
@@ -454,7 +462,8 @@ class AreaLayout(Layout):
         name = there.response_name(c.envelope, node_id, error=error, type=type,
                                    origin=self.key if target is not None else None)
         out = there.area
-        return Outbound(out.path("out", "box", name), out.path("out", "stage", claim_name(name, node_id)),
+        staged = claim_name(name, node_id) if size is None else sized_stage_name(name, node_id, size)
+        return Outbound(out.path("out", "box", name), out.path("out", "stage", staged),
                         out.path("out", "protect", archive_name(name, node_id, when))
                         if there.config.protect else None)
 
@@ -628,7 +637,7 @@ class PartnerLayout(Layout):
         return Commit("")  # read in place: the delete is the commit
 
     def reply(self, c: Candidate, node_id: str, when: datetime, op_id: str, *,
-              error: bool, type: str | None = None) -> Outbound | None:
+              error: bool, type: str | None = None, size: int | None = None) -> Outbound | None:
         if error:
             return None
         if self.send_pattern is None:

@@ -71,7 +71,7 @@ from ftpbc.errors import (
     UnsafeEntry,
     UnsafeNameError,
 )
-from ftpbc.exchange.area import REASON_SUFFIX, archive_name
+from ftpbc.exchange.area import REASON_SUFFIX, archive_name, split_stage
 from ftpbc.exchange.bounds import DEFAULT_MAX_MESSAGE_BYTES, READ_MARGIN, BoundedSink, body_length, check_body
 from ftpbc.exchange.capacity import Capacity
 from ftpbc.exchange.envelope import EXPIRED_TYPE, NAME_LIMIT, Envelope, Headers
@@ -934,7 +934,7 @@ class Lifecycle:
 
     def record_served(self, claimed: Claimed, result: bytes | None, *, error: str | None,
                       commit: Commit | None = None, reply_type: str | None = None,
-                      unopened: bool = False) -> dict[str, str]:
+                      unopened: bool = False, adopted: str | None = None) -> dict[str, str]:
         """Durably record the handler's outcome and every name still to use; return the fields
         :meth:`finish_served` needs.  :meth:`write_served` then :meth:`served_durable`.
 
@@ -947,11 +947,12 @@ class Lifecycle:
         request's own outbox.
         """
         return self.served_durable(self.write_served(claimed, result, error=error, commit=commit,
-                                                     reply_type=reply_type, unopened=unopened))
+                                                     reply_type=reply_type, unopened=unopened,
+                                                     adopted=adopted))
 
     def write_served(self, claimed: Claimed, result: bytes | None, *, error: str | None,
                      commit: Commit | None = None, reply_type: str | None = None,
-                     unopened: bool = False) -> Served:
+                     unopened: bool = False, adopted: str | None = None) -> Served:
         """The first half of :meth:`record_served`: the ``served`` record written (a large
         result's side file fsynced), the record itself not yet known to be on disk.
 
@@ -975,13 +976,15 @@ class Lifecycle:
             fields["cleanup"] = "1"
         if unopened:
             fields["unopened"] = "1"  # committed by move_refused: never opened nor followed
+        body = error.encode("utf-8") if error is not None else (result or b"")
         reply = (layout.reply(claimed.candidate, self.node_id, when, claimed.op_id, error=error is not None,
-                              type=reply_type)
+                              type=reply_type, size=len(body))
                  if result is not None or error is not None else None)
         if reply is not None:
             fields.update(reply.fields())
-            body = error.encode("utf-8") if error is not None else (result or b"")
             fields.update(self.journal.save_result(claimed.op_id, body))
+        if adopted is not None:
+            fields["adopted"] = adopted  # another node's staged reply, removed once this is done
         if error is not None:
             fields["reason"] = error
         seq = self.journal.record_many([(claimed.op_id, "served", fields)], durable=False)
@@ -1046,6 +1049,11 @@ class Lifecycle:
                 t.delete(commit)
             except NotFound:
                 pass
+        if f.get("adopted"):
+            try:
+                t.delete(f["adopted"])
+            except NotFound:
+                pass
         self.journal.end(op_id)
         return True
 
@@ -1079,14 +1087,74 @@ class Lifecycle:
         return True
 
     def _lost(self, op_id: str, staged_reply: str | None) -> bool:
-        if staged_reply:
-            try:
-                self.transport.delete(staged_reply)
-            except NotFound:
-                pass
-        log.warning("%s: %s: claim lost to another node before commit; reply withheld", self.name, op_id)
+        """The claim went to another node before this one committed: never expose.  A staged
+        reply whose name carries its size is complete (it was put in full before the commit was
+        tried) and stays for the node that serves the request now, which delivers it instead of
+        running the handler again (:meth:`adopt`); any other staged reply is removed."""
+        if staged_reply and split_stage(staged_reply.rsplit("/", 1)[-1])[2] is not None:
+            log.warning("%s: %s: claim lost to another node before commit; the reply stays staged "
+                        "for whichever node serves the request now", self.name, op_id)
+        else:
+            if staged_reply:
+                try:
+                    self.transport.delete(staged_reply)
+                except NotFound:
+                    pass
+            log.warning("%s: %s: claim lost to another node before commit; reply withheld", self.name, op_id)
         self.journal.end(op_id)
         return False
+
+    # ------------------------------------------------------------------ adopting a staged reply
+
+    def adopt(self, claimed: Claimed) -> dict[str, str] | None:
+        """If a complete reply to ``claimed`` is staged on the server (by a node whose claim on
+        it went back: it looked dead, or was stopped or cut off after staging), record it as this
+        node's result, durably, and return the fields :meth:`finish_served` needs: the handler
+        must not run.  None when there is none, or none provably complete (a staged reply is
+        complete when its size is the one its name declares), and the handler may run.
+
+        Only requests that came back (a delivery count above zero) can have one, so only those
+        cost the listing of the stage directory."""
+        c = claimed.candidate
+        if c.envelope.headers.delivery_count <= 0 or c.envelope.headers.kind != "request":
+            return None
+        when = self.clock()
+        variants: dict[str, tuple[bool, str | None]] = {}
+        stage_dir = None
+        for error, rtype in ((False, None), (True, None), (True, EXPIRED_TYPE)):
+            out = self.layout.reply(c, self.node_id, when, claimed.op_id, error=error, type=rtype)
+            if out is None or out.stage is None:
+                return None
+            variants[out.target.rsplit("/", 1)[-1]] = (error, rtype)
+            stage_dir = out.stage.rsplit("/", 1)[0]
+        assert stage_dir is not None
+        t = self.transport
+        try:
+            entries = t.list(stage_dir)
+        except NotFound:
+            return None
+        for e in entries:
+            name, owner, size = split_stage(e.name)
+            if owner is None or size is None or name not in variants or e.size != size or e.is_dir:
+                continue
+            path = f"{stage_dir}/{e.name}"
+            buf = io.BytesIO()
+            try:
+                got = t.get(path, BoundedSink(buf, size + READ_MARGIN, server=t.server, path=path,
+                                              listed=f"{size} bytes").as_binary())
+            except NotFound:
+                continue  # removed meanwhile: not there to adopt
+            if got != size:
+                continue
+            error, rtype = variants[name]
+            body = buf.getvalue()
+            log.warning("%s: %s: its reply, staged by node %s, is delivered; the handler does not run "
+                        "again", self.name, claimed.name, owner)
+            if error:
+                return self.record_served(claimed, None, error=body.decode("utf-8", "replace"),
+                                          reply_type=rtype, adopted=path)
+            return self.record_served(claimed, body, error=None, adopted=path)
+        return None
 
     # ------------------------------------------------------------------ collecting
 

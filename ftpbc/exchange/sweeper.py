@@ -5,11 +5,12 @@ endpoint and transfer it serves.
   delivery count raised (a message that kills every node that reads it ends in the error
   directory after ``max_deliveries``).
 * Staged files of dead nodes: a staged message is removed (its sender never got an
-  acknowledgement); a staged response is exposed only if the dead node had committed its
-  request (the request sits in ``inarchive`` or ``inerror`` under that node's name), and removed
-  otherwise.  Commit is the only proof that the upload was complete: a node killed mid-upload
-  leaves a torn file, and a node that lost its claim (it looked dead, the request went to
-  another node) leaves a reply that must not replace the other node's.  A partner's staged
+  acknowledgement); a staged response is exposed if the dead node had committed its request
+  (the request sits in ``inarchive`` or ``inerror`` under that node's name).  A complete staged
+  response (its name declares its size, and the file has it) whose request still waits or is
+  claimed stays, whoever staged it: the node that serves the request delivers it rather than
+  running the handler again.  Any other is removed: a node killed mid-upload leaves a torn
+  file, and a reply to a request served meanwhile must not replace the other node's.  A partner's staged
   files wait for their node's own recovery (their targets are only in its journal), and so do
   responses staged here for another endpoint's request (reply_to: their names say so).
 * Responses nobody collected within ``uncollected_after``: archived as ``~uncollected``.
@@ -28,7 +29,7 @@ from datetime import UTC, datetime
 
 from ftpbc.cluster.coordination import Coordination
 from ftpbc.errors import FtpbcError, NotFound, SourceGone
-from ftpbc.exchange.area import archive_name, parse_archive_name, split_claim
+from ftpbc.exchange.area import archive_name, parse_archive_name, split_claim, split_stage
 from ftpbc.exchange.layout import AreaLayout, Candidate, Layout, Outbound
 from ftpbc.exchange.lifecycle import Lifecycle
 from ftpbc.transport.base import Entry
@@ -123,25 +124,34 @@ class Sweeper:
             self._delete(lc, f"{directory}/{e.name}", "staged message of a dead sender")
 
     def _staged_responses(self, inbound: Lifecycle, outbound: Lifecycle | None) -> None:
-        """Expose a dead node's staged response only if it committed the request."""
+        """Decide the staged responses whose node cannot finish them: a dead node's, and any
+        complete one (its size in its name) left staged longer than the lease.
+
+        A dead node's response is exposed if that node committed the request.  A complete one
+        whose request still waits or is claimed stays: the node that serves the request
+        delivers it instead of running the handler again (:meth:`Lifecycle.adopt`).  The rest
+        are removed: a torn upload, or a reply to a request that was served meanwhile."""
         if outbound is None:
             return
         layout = inbound.layout
         assert isinstance(layout, AreaLayout)
-        staged = [e for e in _listing(outbound, outbound.layout.stages[0])
-                  if self._is_dead(split_claim(e.name)[1])]
+        now = datetime.now(UTC)
+        staged = [e for e in _listing(outbound, outbound.layout.stages[0]) if self._undecided(e, now)]
         if not staged:
             return
-        claims: dict[str, str] = {}
-        for e in _listing(inbound, layout.select or layout.box):
-            name, owner = split_claim(e.name)
-            cand = _decoded(layout, name)
-            if cand is not None and owner is not None:
-                claims[cand.uuid] = owner
+        claims: dict[str, str | None] = {}  # uuid of a request waiting or claimed -> its claimer
+        # Box, select, box again: a request claimed (box -> select) or given back (select -> box)
+        # while this lists is seen in one of them.
+        for directory in filter(None, (layout.box, layout.select, layout.box if layout.select else None)):
+            for e in _listing(inbound, directory):
+                name, owner = split_claim(e.name) if directory == layout.select else (e.name, None)
+                cand = _decoded(layout, name)
+                if cand is not None:
+                    claims.setdefault(cand.uuid, owner)
         committers: dict[str, set[str]] | None = None
         for e in staged:
             try:
-                name, owner = split_claim(e.name)
+                name, owner, size = split_stage(e.name)
                 resp = _decoded(outbound.layout, name)
                 if resp is None or owner is None or resp.envelope.headers.reply_to is not None:
                     # A reply_to response: its request was another endpoint's, whose archives
@@ -149,21 +159,34 @@ class Sweeper:
                     continue
                 uid = resp.envelope.headers.correlation_id or resp.uuid
                 stage = f"{outbound.layout.stages[0]}/{e.name}"
-                if claims.get(uid) == owner:
-                    self._delete(outbound, stage, "staged response of an uncommitted request")
-                    continue
+                complete = size is not None and e.size == size
+                if uid in claims:
+                    if not complete:
+                        self._delete(outbound, stage, "staged response of an uncommitted request")
+                    continue  # its request's next claimer delivers it
                 if committers is None:
-                    # Listing the archives is costly, so only here: a dead node's response staged
-                    # without its claim happens after crashes, not per message.
+                    # Listing the archives is costly, so only here: a response staged without its
+                    # claim happens after crashes and lost claims, not per message.
                     committers = self._committers(inbound)
                 if owner in committers.get(uid, ()):
-                    outbound.expose(_as_outbound(outbound, stage, name), staged=True, body=None)
-                    log.info("%s: exposed %s staged by dead node %s", layout.display, name, owner)
-                else:
-                    self._delete(outbound, stage, f"staged by dead node {owner}, which never committed "
-                                 "its request")
+                    if self._is_dead(owner):
+                        outbound.expose(_as_outbound(outbound, stage, name), staged=True, body=None)
+                        log.info("%s: exposed %s staged by dead node %s", layout.display, name, owner)
+                    continue  # a live node exposes what it committed
+                who = f"dead node {owner}" if self._is_dead(owner) else f"node {owner}"
+                self._delete(outbound, stage, f"staged by {who}, which never committed its request")
             except FtpbcError as exc:
                 outbound.layout.report(e.name, f"sweep skipped it: {exc}")
+
+    def _undecided(self, e: Entry, now: datetime) -> bool:
+        """Whether a staged response's node cannot finish it: the node is dead, or the
+        response is complete and older than the lease (its node may have lost the claim; one
+        that did not is still holding it, or committed it, and the sweep leaves it alone)."""
+        _, owner, size = split_stage(e.name)
+        if self._is_dead(owner):
+            return True
+        return (size is not None and e.mtime is not None
+                and (now - e.mtime).total_seconds() > self.lease)
 
     def _committers(self, inbound: Lifecycle) -> dict[str, set[str]]:
         """uuid -> the nodes that committed a request with that uuid (archived it, or filed it

@@ -626,6 +626,18 @@ class Provider(Poller):
     def _serve(self, claimed: Claimed) -> bool:
         started = time.monotonic()
         lc = self.lifecycle
+        # A request that came back may have its reply staged already, by a node that lost its
+        # claim after staging: that reply is delivered, the handler is not run again.
+        adopted = self._retry(lambda: (lc.adopt(claimed),))
+        if adopted is None:
+            self._outcome(claimed, "unfinished", started, "(left for recovery: the node is stopping)")
+            return False
+        if adopted[0] is not None:
+            with self._active_lock:
+                if claimed.op_id in self._abandoned:  # handed back at shutdown meanwhile
+                    return False
+                self._active[claimed.op_id] = (claimed, "finishing")
+            return self._finish(claimed, adopted[0], started, "served", "(its reply was staged already)")
         spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115
         with spool:
             size = lc.read_claim(claimed, spool, retry=self._retry, stop=self._stop)  # type: ignore[arg-type]
@@ -671,6 +683,14 @@ class Provider(Poller):
             self._retry(functools.partial(lc.rename_back, claimed))
             self._outcome(claimed, "returned", started)
             return False
+        return self._finish(claimed, fields, started, "served" if error is None else "failed",
+                            size=len(result or b""))
+
+    def _finish(self, claimed: Claimed, fields: dict[str, str], started: float, outcome: str,
+                detail: str = "", *, size: int = 0) -> bool:
+        """Deliver a recorded result (commit, reply), retrying until done or the node stops;
+        ``outcome`` is the log line's word once done.  True unless left for recovery."""
+        lc = self.lifecycle
         attempts = iter(range(1 << 30))
         # The first attempt knows the server's state; a retry must re-check it (stat calls).
         ok = self._retry(lambda: lc.finish_served(claimed.op_id, fields, fresh=next(attempts) == 0))
@@ -678,11 +698,11 @@ class Provider(Poller):
             self.stats.add(lost_claims=1)
             self._outcome(claimed, "lost", started)
         elif ok:
-            self.stats.add(served=1 if error is None else 0, failed=1 if error is not None else 0)
+            self.stats.add(served=1 if outcome == "served" else 0, failed=1 if outcome == "failed" else 0)
             with self.stats.lock:
                 self.stats.latencies.append(time.monotonic() - started)
-            self.observer.completed(sent_at(claimed.candidate), len(result or b""))
-            self._outcome(claimed, "served" if error is None else "failed", started)
+            self.observer.completed(sent_at(claimed.candidate), size)
+            self._outcome(claimed, outcome, started, detail)
         else:
             self._outcome(claimed, "unfinished", started, "(left for recovery: the node is stopping)")
         return ok is not None
