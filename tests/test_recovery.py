@@ -181,6 +181,29 @@ def test_provider_killed_after_result_never_reruns_handler(cluster: Cluster, che
     assert_answered_once(cluster, uid)
 
 
+@pytest.mark.parametrize("point", ["serve.after-result", "serve.after-stage"])
+def test_a_result_recorded_before_the_claim_was_taken_is_delivered_by_the_next_node(
+        cluster: Cluster, checker: Client, point: str) -> None:
+    """Killed after recording (before or after staging); its claim goes back as a sweeper
+    returns a dead node's, before it recovers.  Its recovery stages the recorded reply whole,
+    and the node that serves the returned request delivers it: the handler ran once."""
+    uid = checker.submit(ENDPOINT, b"kept")
+    serve_until_crash(cluster, point)
+    [claim] = cluster.files("inselect")
+    cluster.local("inselect", claim).rename(cluster.local("inbox", f"req.{uid};n=1"))
+    out = recover(cluster, "n1")
+    assert "claim had been returned by another node; reply withheld" in out, out
+    assert [n.split("~")[0] for n in cluster.files("outstage")] == [f"resp.{uid}"]
+    other = NodeProcess(cluster, "n2")
+    other.start()
+    try:
+        assert checker.collect(ENDPOINT, uid, timeout=30) == b"re:kept"
+    finally:
+        assert other.stop() == 0
+    assert returns(cluster, uid) == 1, "the handler ran again after its result was recorded"
+    assert_answered_once(cluster, uid)
+
+
 # ---------------------------------------------------------------------- client: collecting
 
 def _served(cluster: Cluster, checker: Client, body: bytes) -> str:

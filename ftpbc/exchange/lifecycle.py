@@ -1033,6 +1033,10 @@ class Lifecycle:
         elif commit and not f.get("cleanup") and not t.exists(commit):
             # Not claimed, not committed: our claim was returned while we looked dead.  Never
             # expose then.  (With cleanup, a missing commit means everything finished already.)
+            # The result is staged whole all the same, so that whichever node serves the request
+            # next delivers it rather than running the handler again.
+            if stage is not None and not staged:
+                staged = self._stage_for_adoption(stage, f)
             return self._lost(op_id, stage if staged else None)
         if "reason" in f and commit:
             reason_path = commit + REASON_SUFFIX
@@ -1084,6 +1088,21 @@ class Lifecycle:
             if t.exists(claim):
                 raise  # it did not happen: the caller retries this whole step
             return not commit  # deleted in place: gone is done
+        return True
+
+    def _stage_for_adoption(self, stage: str, fields: dict[str, str]) -> bool:
+        """Put a recorded reply at its stage name when that name declares its size (else
+        nothing: no other node could tell it complete); True if it is there now."""
+        if split_stage(stage.rsplit("/", 1)[-1])[2] is None:
+            return False
+        t = self.transport
+        try:
+            self.layout.ensure_dir(t, stage)
+            t.put(stage, io.BytesIO(self.journal.load_result(fields)))
+        except TransportError as exc:
+            log.warning("%s: %s: could not stage the recorded reply for another node: %s", self.name, stage,
+                        exc)
+            return False
         return True
 
     def _lost(self, op_id: str, staged_reply: str | None) -> bool:

@@ -116,7 +116,8 @@ def _recover_op(lc: Lifecycle, op: Operation, transports: Callable[[str], Transp
     if "served" in op.events or "received" in op.events:
         if lc.finish_served(op.op_id, f):
             return "finished: recorded result delivered, handler not run again"
-        return "claim had been returned by another node; reply withheld"
+        return ("claim had been returned by another node; reply withheld (a reply staged whole stays "
+                "for the node that serves the request now)")
     if op.kind == "send":
         out = Outbound.from_fields(f)
         if out is None:
