@@ -16,8 +16,9 @@ The provider's order is what makes a crash decidable from the server alone::
       -> expose the reply: protect an existing target, rename stage -> target, post_send rename
 
 If the commit finds its source gone, another node returned this node's claim (it looked dead)
-and may serve the message: this node deletes its staged reply instead of exposing it, so a slow
-node never causes a second reply.  A commit whose reply is lost is decided from the server (the
+and serves the message: this node never exposes its reply, so a slow node never causes a second
+one.  The reply stays staged under a name that declares its size, and the node that serves the
+returned request delivers it instead of running the handler again (:meth:`Lifecycle.adopt`).  A commit whose reply is lost is decided from the server (the
 commit target exists: done; the claim still exists: retried; neither: lost).  Recovery
 (:mod:`ftpbc.exchange.recovery`) runs the very same :meth:`finish_served`.
 
