@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -11,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -116,6 +117,25 @@ def drop_message(handle: ServerHandle, repo: str, name: str, body: bytes) -> Non
     staged = handle.local(f"{repo}/instage") / (name + "~test")
     staged.write_bytes(body)
     staged.rename(handle.local(f"{repo}/inbox") / name)
+
+
+def embedded_config(port: int, tmp_path: Path, *, node: dict[str, object] | None = None,
+                    endpoint: dict[str, object] | None = None) -> Any:
+    """A configuration with one endpoint, ``echo`` (repository ``/ex/echo``, quick polls), on an
+    in-process pyftpdlib at ``port`` whose user ``ftpbc`` has the password ``pw`` (written to a
+    0600 password file: a file group or others may read is refused).  ``node`` and ``endpoint``
+    add or override settings."""
+    from ftpbc.config.loader import parse_config
+
+    pw = tmp_path / "pw"
+    pw.write_text("pw")
+    pw.chmod(0o600)
+    ep = {"server": "s", "repository": "/ex/echo", "poll_interval": 0.02, "timeout": 20, **(endpoint or {})}
+    nd = {"state_dir": f"{tmp_path}/state", "journal_dir": f"{tmp_path}/journals", **(node or {})}
+    return parse_config(json.dumps({
+        "node": nd,
+        "servers": {"s": {"url": f"ftp://ftpbc@127.0.0.1:{port}/", "password_file": str(pw)}},
+        "endpoints": {"echo": ep}}))
 
 
 class Seen:

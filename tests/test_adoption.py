@@ -15,24 +15,14 @@ from typing import Any
 import pytest
 
 from ftpbc.client import Client
-from ftpbc.config.loader import parse_config
 from ftpbc.embedded import EmbeddedFTPServer
 from ftpbc.exchange.message import Message
 from ftpbc.node.serve import Node
-from tests.support import wait_until
+from tests.support import embedded_config, wait_until
 
 
 def _config(port: int, tmp_path: Path, **node: object) -> Any:
-    (tmp_path / "pw").write_text("pw")
-    (tmp_path / "pw").chmod(0o600)
-    settings = ", ".join(f"{k}: {v}" for k, v in node.items())
-    return parse_config(f"""
-node: {{state_dir: {tmp_path}/state, journal_dir: {tmp_path}/journals{", " + settings if settings else ""}}}
-servers:
-  s: {{url: "ftp://ftpbc@127.0.0.1:{port}/", password_file: {tmp_path}/pw}}
-endpoints:
-  echo: {{server: s, repository: /ex/echo, poll_interval: 0.02, timeout: 30, redelivery_delay: 0.05}}
-""")
+    return embedded_config(port, tmp_path, node=node, endpoint={"timeout": 30, "redelivery_delay": 0.05})
 
 
 @pytest.fixture

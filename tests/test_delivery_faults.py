@@ -20,12 +20,11 @@ import pytest
 from pyftpdlib.handlers import FTPHandler
 
 from ftpbc.client import Client
-from ftpbc.config.loader import parse_config
 from ftpbc.embedded import EmbeddedFTPServer
 from ftpbc.errors import RemoteHandlerError
 from ftpbc.exchange.message import Message
 from ftpbc.node.serve import Node
-from tests.support import wait_until
+from tests.support import embedded_config, wait_until
 
 
 class ClaimReads(EmbeddedFTPServer):
@@ -57,16 +56,7 @@ class ClaimReads(EmbeddedFTPServer):
 
 
 def _config(port: int, tmp_path: Path, **endpoint: object) -> Any:
-    (tmp_path / "pw").write_text("pw")
-    (tmp_path / "pw").chmod(0o600)
-    options = ", ".join(f"{k}: {v}" for k, v in {"poll_interval": 0.02, "timeout": 30, **endpoint}.items())
-    return parse_config(f"""
-node: {{state_dir: {tmp_path}/state, journal_dir: {tmp_path}/journals}}
-servers:
-  s: {{url: "ftp://ftpbc@127.0.0.1:{port}/", password_file: {tmp_path}/pw}}
-endpoints:
-  echo: {{server: s, repository: /ex/echo, {options}}}
-""")
+    return embedded_config(port, tmp_path, endpoint={"timeout": 30, **endpoint})
 
 
 @pytest.fixture

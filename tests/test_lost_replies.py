@@ -13,11 +13,11 @@ import pytest
 from pyftpdlib.handlers import FTPHandler
 
 from ftpbc.client import Client
-from ftpbc.config.loader import parse_config
 from ftpbc.embedded import EmbeddedFTPServer
 from ftpbc.exchange.message import Message
 from ftpbc.journal import Journal
 from ftpbc.node.serve import Node
+from tests.support import embedded_config
 
 
 class DropFirstCommit(EmbeddedFTPServer):
@@ -104,18 +104,6 @@ class ShortFirstRequestRead(EmbeddedFTPServer):
         return Handler
 
 
-def _config(port: int, tmp_path: Path) -> Any:
-    (tmp_path / "pw").write_text("pw")
-    (tmp_path / "pw").chmod(0o600)  # a password file group or others may read is refused
-    return parse_config(f"""
-node: {{state_dir: {tmp_path}/state, journal_dir: {tmp_path}/journals}}
-servers:
-  s: {{url: "ftp://ftpbc@127.0.0.1:{port}/", password_file: {tmp_path}/pw}}
-endpoints:
-  echo: {{server: s, repository: /ex/echo, poll_interval: 0.02, timeout: 20}}
-""")
-
-
 @pytest.fixture
 def server(tmp_path: Path) -> Any:
     (tmp_path / "root").mkdir()
@@ -126,7 +114,7 @@ def server(tmp_path: Path) -> Any:
 
 def test_commit_rename_whose_reply_is_lost_is_retried_not_withheld(server: DropFirstCommit,
                                                                     tmp_path: Path) -> None:
-    config = _config(server.port, tmp_path)
+    config = embedded_config(server.port, tmp_path)
     calls: list[str] = []
 
     def handler(message: Message) -> bytes:
@@ -152,7 +140,7 @@ def test_response_read_then_archive_reply_lost_is_still_delivered(tmp_path: Path
     (tmp_path / "root").mkdir()
     server = ArchiveThenDrop(tmp_path / "root", password="pw")
     server.start()
-    config = _config(server.port, tmp_path)
+    config = embedded_config(server.port, tmp_path)
     node = Node(config.with_node_id("prov"), handlers={"echo": lambda m: b"re:" + m.body})
     node.start()
     try:
@@ -175,7 +163,7 @@ def test_delivered_response_is_archived_by_recovery_not_returned(tmp_path: Path)
     (tmp_path / "root").mkdir()
     server = DropArchives(tmp_path / "root", password="pw")
     server.start()
-    config = _config(server.port, tmp_path)
+    config = embedded_config(server.port, tmp_path)
     root = tmp_path / "root" / "ex" / "echo"
     node = Node(config.with_node_id("prov"), handlers={"echo": lambda m: b"re:" + m.body})
     node.start()
@@ -204,7 +192,7 @@ def test_request_read_short_with_success_reply_never_reaches_the_handler(tmp_pat
     (tmp_path / "root").mkdir()
     server = ShortFirstRequestRead(tmp_path / "root", password="pw")
     server.start()
-    config = _config(server.port, tmp_path)
+    config = embedded_config(server.port, tmp_path)
     bodies: list[bytes] = []
 
     def handler(message: Message) -> bytes:
