@@ -146,6 +146,8 @@ class FaultEvent:
     healed: float = 0.0
     #: when every node had beaten again after the heal (0: not within the deadline)
     recovered: float = 0.0
+    #: an aimed fault: the server log line it waited for
+    note: str = ""
 
     def hits(self, node: str) -> bool:
         return self.target in (node, "server")
@@ -159,22 +161,72 @@ NODE_LINK = LinkFault(delay=0.03, jitter=0.05, stall_p=0.03, stall_min=0.2, stal
 SERVER_LINK = LinkFault(delay=0.02, jitter=0.03, stall_p=0.02, stall_min=0.2, stall_max=1.0, reset_p=0.002)
 
 
+#: an aimed fault's node link while it waits for its moment: every reply reaches the node this
+#: much after the server sent it, so the fault lands before the node reads it
+AIM_DELAY = LinkFault(delay=0.05)
+#: how long an aimed fault waits for its moment before it strikes anyway
+AIM_TIMEOUT = 20.0
+
+
 class Faults:
     """The faults, one call each: inject, hold, heal.  Knows the nodes, their hosts, the relay and
-    the server."""
+    the server (and its log, where an aimed fault finds its moment).
+
+    A kind ending in ``-after-upload`` is aimed: the node's link is slowed (AIM_DELAY), and the
+    fault strikes as soon as the server logs a whole response upload by that node, so before the
+    node has read the server's ``226`` and renamed its claim to the archive: its result is on the
+    server, and it is cut off before committing it.
+    """
 
     def __init__(self, nodes: dict[str, NodeProcess], netns: dict[str, str], relay: RelayProcess,
                  restart_server: Callable[[], object], stop_server: Callable[[], object] | None,
-                 start_server: Callable[[], object] | None) -> None:
+                 start_server: Callable[[], object] | None, *, server_log: Path, repository: str) -> None:
         self.nodes, self.netns, self.relay = nodes, netns, relay
         self.restart_server = restart_server
         self.stop_server, self.start_server = stop_server, start_server
+        self.server_log, self.repository = server_log, repository.rstrip("/")
         self.paused: set[str] = set()
         self.partitioned: set[str] = set()
 
-    def inject(self, step: Step, hold: Callable[[float], object]) -> None:
-        """Apply ``step``, ``hold(seconds)``, heal it (also when ``hold`` raises)."""
+    def _upload_by(self, node: str) -> str:
+        """Wait (up to AIM_TIMEOUT) until the server logs a whole response upload by ``node``;
+        returns what was seen."""
+        stage = re.escape(f"{self.repository}/outstage/resp.")
+        wanted = re.compile(rf'OK UPLOAD: [^,]*, "{stage}[^"]*~{re.escape(node)}(=\d+)?"')
+        deadline = time.monotonic() + AIM_TIMEOUT
+        with open(self.server_log, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            pending = b""
+            while time.monotonic() < deadline:
+                chunk = log.read()
+                if not chunk:
+                    time.sleep(0.001)  # polling the log for its next line
+                    continue
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if wanted.search(line.decode(errors="replace")):
+                        return "aimed: struck after " + line.decode(errors="replace").split("OK UPLOAD: ")[1]
+        return f"aim missed: no response upload by {node} in {AIM_TIMEOUT:g} s"
+
+    def inject(self, step: Step, hold: Callable[[float], object]) -> str:
+        """Apply ``step``, ``hold(seconds)``, heal it (also when ``hold`` raises); returns a note
+        (what an aimed fault waited for)."""
         kind, target = step.kind, step.target
+        note = ""
+        if kind.endswith("-after-upload"):
+            kind = kind.removesuffix("-after-upload")
+            self.relay.set_fault(target, AIM_DELAY)
+            try:
+                note = self._upload_by(target)
+                self._strike(kind, target)
+            finally:
+                self.relay.set_fault(target, None)
+            try:
+                hold(step.hold)
+            finally:
+                self._heal(kind, target)
+            return note
         if kind == "partition":
             set_link(self.netns[target], False)
             self.partitioned.add(target)
@@ -221,6 +273,33 @@ class Faults:
                 node.start()
         else:
             raise ValueError(f"unknown fault {kind!r}")
+        return note
+
+    def _strike(self, kind: str, target: str) -> None:
+        if kind == "partition":
+            set_link(self.netns[target], False)
+            self.partitioned.add(target)
+        elif kind == "pause":
+            proc = self.nodes[target].proc
+            assert proc is not None
+            proc.send_signal(signal.SIGSTOP)
+            self.paused.add(target)
+        elif kind == "kill":
+            self.nodes[target].kill()
+        else:
+            raise ValueError(f"no aimed {kind!r}")
+
+    def _heal(self, kind: str, target: str) -> None:
+        if kind == "partition":
+            set_link(self.netns[target], True)
+            self.partitioned.discard(target)
+        elif kind == "pause":
+            proc = self.nodes[target].proc
+            assert proc is not None
+            proc.send_signal(signal.SIGCONT)
+            self.paused.discard(target)
+        elif kind == "kill":
+            self.nodes[target].start()
 
     def heal_all(self) -> None:
         """Undo whatever is still in effect (the nemesis failed mid-fault): links up, nodes going."""
@@ -268,7 +347,7 @@ class FaultNemesis(threading.Thread):
                 event = FaultEvent(step.kind, step.target, time.time())
                 self.events.append(event)
                 # The hold is the fault's length, not a synchronisation.
-                self.faults.inject(step, self.stop_event.wait)
+                event.note = self.faults.inject(step, self.stop_event.wait)
                 event.healed = time.time()
                 deadline = time.monotonic() + self.recovery
                 while not self._recovered(event.healed):
@@ -289,7 +368,8 @@ class FaultNemesis(threading.Thread):
 
     def halt(self) -> None:
         self.stop_event.set()
-        self.join(timeout=60)
+        if self.ident is not None:  # started
+            self.join(timeout=60)
 
 
 # ---------------------------------------------------------------------- clients
@@ -506,8 +586,8 @@ class ServerHistory:
     holder's response to it was uploaded whole, and each response put in the outbox."""
 
     #: a request taken back from its holder (returned to the inbox) although that holder's
-    #: complete response was already on the server: "<uuid>: <log line numbers>"
-    returned_after_staged: list[str] = field(default_factory=list)
+    #: complete response was already on the server: (uuid, holder, what the log shows)
+    returned_after_staged: list[tuple[str, str, str]] = field(default_factory=list)
     #: uuid -> how many times a response to it was renamed into the outbox
     exposed: Counter[str] = field(default_factory=Counter)
     #: uuid -> how many times its request was taken back from a holder
@@ -515,6 +595,11 @@ class ServerHistory:
     #: requests uploaded whole to the in stage directory, and those renamed from there to the inbox
     requests_staged: set[str] = field(default_factory=set)
     requests_exposed: set[str] = field(default_factory=set)
+
+
+def _stager(name: str) -> str:
+    """The node id in a staged reply's name (``resp.<uuid>~<node>``, with ``=<size>`` or not)."""
+    return name.rsplit("~", 1)[-1].partition("=")[0]
 
 
 def server_history(log: Path, repository: str) -> ServerHistory:
@@ -536,7 +621,7 @@ def server_history(log: Path, repository: str) -> ServerHistory:
             if directory == "instage" and (uid := _uuid_of(name, "req.")):
                 out.requests_staged.add(uid)
             uid = _uuid_of(name, "resp.") if directory == "outstage" else None
-            if uid is not None and uid in held and name.rsplit("~", 1)[-1] == held[uid][0]:
+            if uid is not None and uid in held and _stager(name) == held[uid][0]:
                 holder, claimed, _ = held[uid]
                 held[uid] = (holder, claimed, number)
             continue
@@ -549,9 +634,9 @@ def server_history(log: Path, repository: str) -> ServerHistory:
             if ddir == "inbox":
                 out.returned[uid] += 1
                 if uploaded:
-                    out.returned_after_staged.append(
-                        f"{uid}: claimed by {holder} (server log line {claimed}), its response uploaded "
-                        f"whole (line {uploaded}), then the request returned to the inbox (line {number})")
+                    out.returned_after_staged.append((uid, holder, (
+                        f"claimed by {holder} (server log line {claimed}), its response uploaded whole "
+                        f"(line {uploaded}), then the request returned to the inbox (line {number})")))
         elif sdir == "outstage" and ddir == "outbox" and (uid := _uuid_of(dname, "resp.")):
             out.exposed[uid] += 1
         elif sdir == "instage" and ddir == "inbox" and (uid := _uuid_of(dname, "req.")):
@@ -599,6 +684,21 @@ def find_reruns(runs: dict[str, list[Run]], returns: dict[tuple[str, str], list[
     return out
 
 
+def rerun_after_staged(history: ServerHistory, runs: dict[str, list[Run]]) -> list[str]:
+    """Requests the server log shows taken from a holder after its whole response was uploaded,
+    whose handler then started again: after the holder's run began staging (the holder kept its
+    claim until after the upload, so any later start came after the result was on the server)."""
+    out = []
+    for uid, holder, what in history.returned_after_staged:
+        staged = [r.staging for r in runs.get(uid, []) if r.node == holder and r.staging is not None]
+        later = [r for r in runs.get(uid, []) if staged and r.start > min(staged)]
+        if later or not staged:
+            ran = (", ".join(f"{r.node} at {r.start:.3f}" for r in later)
+                   or "? (the holder logged no staging: this harness cannot tell)")
+            out.append(f"{uid}: {what}; handler started again on {ran}")
+    return out
+
+
 @dataclass
 class Verdict:
     sent: int
@@ -613,6 +713,8 @@ class Verdict:
     reruns: list[Rerun]
     #: from the server's log: requests taken from a holder whose whole result was on the server
     returned_after_staged: list[str]
+    #: ... and whose handler then ran again (a run started after that holder began staging)
+    rerun_after_staged: list[str]
     exposed_twice: list[str]
     #: failed submits the client's recovery called exposed, whose whole staged request the server
     #: deleted without ever putting it in the inbox: uuid -> the outcome the caller was given
@@ -644,9 +746,9 @@ class Verdict:
         if self.exposed_twice:
             out.append(f"{len(self.exposed_twice)} with two responses put in the outbox (server log): "
                        f"{self.exposed_twice[:5]}")
-        if self.returned_after_staged:
-            out.append(f"{len(self.returned_after_staged)} taken from their node after its result was on the "
-                       "server, to be run again:\n    " + "\n    ".join(self.returned_after_staged[:8]))
+        if self.rerun_after_staged:
+            out.append(f"{len(self.rerun_after_staged)} run again after their result was on the server:\n    "
+                       + "\n    ".join(self.rerun_after_staged[:8]))
         if self.unattributed:
             out.append(f"{len(self.unattributed)} re-run with no fault to attribute it to:\n    "
                        + "\n    ".join(r.describe() for r in self.unattributed[:8]))
@@ -703,7 +805,8 @@ def judge(cluster: Cluster, ledger: FaultLedger, events: list[FaultEvent], unrec
         lost=lost, answered_twice=twice, wrong=wrong,
         rolled_back_present=sorted(u for u in ledger.rolled_back if u in requests_seen or responses[u]),
         handler_runs=sum(len(rs) for rs in runs.values()), reruns=find_reruns(runs, returns, events),
-        returned_after_staged=history.returned_after_staged,
+        returned_after_staged=[f"{u}: {what}" for u, _, what in history.returned_after_staged],
+        rerun_after_staged=rerun_after_staged(history, runs),
         exposed_twice=sorted(u for u, n in history.exposed.items() if n > 1),
         misreported_sends={u: o for u, o in ledger.send_outcomes.items()
                            if not o.startswith(("rolled back", *UNSETTLED))
@@ -764,15 +867,16 @@ class FaultRunResult:
             f"{len(v.unattributed)}; their earlier run had recorded its result in "
             f"{sum(1 for r in v.reruns if r.earlier.recorded)}, begun staging it in "
             f"{sum(1 for r in v.reruns if r.earlier.staging)}; requests taken from a node after its "
-            f"result was on the server {len(v.returned_after_staged)}, responses put out twice "
-            f"{len(v.exposed_twice)}",
+            f"result was on the server {len(v.returned_after_staged)}, of which run again "
+            f"{len(v.rerun_after_staged)}; responses put out twice {len(v.exposed_twice)}",
             f"throughput: baseline {base.rate:.1f} req/s ({base.answered} in {base.seconds:.1f} s), "
             f"under faults {faults.rate:.1f} req/s ({faults.answered} in {faults.seconds:.1f} s), "
             f"ratio {faults.rate / max(base.rate, 1e-9):.2f}",
         ]
         lines.append("faults: " + "; ".join(
             f"{e.label()} {e.healed - e.began:.1f} s, beat again "
-            + (f"{e.recovered - e.healed:.1f} s after" if e.recovered else "NEVER") for e in self.events))
+            + (f"{e.recovered - e.healed:.1f} s after" if e.recovered else "NEVER")
+            + (f" ({e.note})" if e.note else "") for e in self.events))
         if v.errors_to_caller:
             lines.append("errors to caller: " + "; ".join(f"{u}: {m}" for u, m in
                                                           list(v.errors_to_caller.items())[:5]))
@@ -781,6 +885,7 @@ class FaultRunResult:
             per_fault[r.causes[0] if r.causes else "unattributed"][r.cut_by.split(" (")[0]] += 1
         if per_fault:
             lines.append("re-runs per fault: " + "; ".join(f"{k}: {dict(c)}" for k, c in per_fault.items()))
+            lines += [f"  re-run {r.describe()}" for r in v.reruns[:6]]
         undrained = {k: v[:3] for k, v in self.undrained.items()}
         lines.append(f"boxes empty {self.drained_in:.1f} s after the clients were done"
                      + (f" (NOT: {undrained})" if undrained else "") + f"; nodes exited {self.exits}")

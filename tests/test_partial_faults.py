@@ -31,10 +31,12 @@ from tests.hosts import Host, Network, host_node_config, reaches, require_netns,
 from tests.partial_faults import (
     FaultEvent,
     Faults,
+    Run,
     Step,
     coordination_dir,
     find_reruns,
     read_runs,
+    rerun_after_staged,
     route_configs,
     run_partial_faults,
     server_history,
@@ -58,7 +60,8 @@ CLIENTS = 8
 #: long enough for a request claimed by a node cut off past the lease to be served elsewhere
 COLLECT_TIMEOUT = 120.0
 
-#: one fault at a time, each kind at least twice, on every node
+#: one fault at a time, each kind at least twice, on every node; an ``-after-upload`` fault
+#: strikes right after the server has the node's whole response, before the node commits it
 SCHEDULE = [
     Step("partition", "n0", PAST_LEASE),
     Step("link-delay", "n1", 8.0),
@@ -66,9 +69,9 @@ SCHEDULE = [
     Step("server-delay", "server", 8.0),
     Step("server-restart", "server", 0.0),
     Step("kill", "n1", 0.0),
-    Step("partition", "n2", PAST_LEASE),
-    Step("pause", "n0", PAST_LEASE),
-    Step("kill", "n2", PAST_LEASE),  # down past the lease before it restarts
+    Step("partition-after-upload", "n2", PAST_LEASE),
+    Step("pause-after-upload", "n0", PAST_LEASE),
+    Step("kill-after-upload", "n1", PAST_LEASE),  # down past the lease before it restarts
     Step("link-delay", "n0", 8.0),
     Step("server-restart", "server", PAST_LEASE),  # an outage past the lease
     Step("kill", "n0", 0.0),
@@ -141,7 +144,8 @@ def test_no_request_lost_or_answered_twice_under_partial_faults(network: Network
         nodes = {n: NodeProcess(cluster, n) for n in NODES}
         faults = Faults(nodes, {n: network.hosts[h].netns for n, h in NODES.items()}, relay,
                         server.controls["restart"], getattr(listener, "stop", None),
-                        getattr(listener, "start", None))
+                        getattr(listener, "start", None), server_log=server_log / "vsftpd.log",
+                        repository=cluster.repository)
         result = run_partial_faults(cluster, relay, faults, SCHEDULE, beat_time=beat_time, seed=seed,
                                     baseline=BASELINE, fault_requests=FAULT_REQUESTS, clients=CLIENTS,
                                     collect_timeout=COLLECT_TIMEOUT, server_log=server_log / "vsftpd.log")
@@ -150,6 +154,7 @@ def test_no_request_lost_or_answered_twice_under_partial_faults(network: Network
     v = result.verdict
     # The nodes served through the relay, the faults were all injected.
     assert [f"{s.kind} {s.target}" for s in SCHEDULE] == [e.label() for e in result.events], report
+    assert all(e.note.startswith("aimed:") for e in result.events if e.kind.endswith("-after-upload")), report
     assert v.sent >= BASELINE + FAULT_REQUESTS, report
     problems = v.violations()
     assert not problems, "\n".join(problems) + "\n" + report
@@ -209,11 +214,11 @@ def test_the_server_history_finds_a_request_taken_from_a_node_after_its_result_w
     log.write_text("\n".join([
         # u: claimed by n1, its response uploaded whole, then returned to the inbox: a violation
         _vsftpd_line("RENAME", f"{r}/inbox/req.{u} {r}/inselect/req.{u}~n1"),
-        _vsftpd_line("UPLOAD", f"{r}/outstage/resp.{u}~n1") + ", 23 bytes, 1.00Kbyte/sec",
-        _vsftpd_line("RENAME", f"{r}/inselect/req.{u}~n1 {r}/inbox/req.{u}"),
-        _vsftpd_line("RENAME", f"{r}/inbox/req.{u} {r}/inselect/req.{u}~n2"),
-        _vsftpd_line("RENAME", f"{r}/inselect/req.{u}~n2 {r}/inarchive/req.{u}~n2~20261127T222840.024Z"),
-        _vsftpd_line("RENAME", f"{r}/outstage/resp.{u}~n2 {r}/outbox/resp.{u}"),
+        _vsftpd_line("UPLOAD", f"{r}/outstage/resp.{u}~n1=23") + ", 23 bytes, 1.00Kbyte/sec",
+        _vsftpd_line("RENAME", f"{r}/inselect/req.{u}~n1 {r}/inbox/req.{u};n=1"),
+        _vsftpd_line("RENAME", f"{r}/inbox/req.{u};n=1 {r}/inselect/req.{u};n=1~n2"),
+        _vsftpd_line("RENAME", f"{r}/inselect/req.{u};n=1~n2 {r}/inarchive/req.{u};n=1~n2~20261127T222840Z"),
+        _vsftpd_line("RENAME", f"{r}/outstage/resp.{u}~n2=23 {r}/outbox/resp.{u}"),
         # v: returned before anything was uploaded (a cut-off node), then served, but put out twice
         _vsftpd_line("RENAME", f"{r}/inbox/req.{v} {r}/inselect/req.{v}~n1"),
         _vsftpd_line("RENAME", f"{r}/inselect/req.{v}~n1 {r}/inbox/req.{v}"),
@@ -222,9 +227,15 @@ def test_the_server_history_finds_a_request_taken_from_a_node_after_its_result_w
         _vsftpd_line("RENAME", f"{r}/outstage/resp.{v}~n2 {r}/outbox/resp.{v}"),
     ]) + "\n")
     history = server_history(log, r)
-    assert [line.split(":")[0] for line in history.returned_after_staged] == [u]
+    assert [(uid, holder) for uid, holder, _ in history.returned_after_staged] == [(u, "n1")]
     assert history.returned == {u: 1, v: 1}
     assert history.exposed == {u: 1, v: 2}
+    # Taken back after the upload is no fault by itself (the next node may deliver that reply);
+    # a handler started again after the holder began staging is.
+    staged_run = Run("n1", 100.0, returned=100.1, recorded=100.2, staging=100.3, staged=110.0)
+    assert rerun_after_staged(history, {u: [staged_run]}) == []
+    [problem] = rerun_after_staged(history, {u: [staged_run, Run("n2", 108.0)]})
+    assert problem.startswith(f"{u}: claimed by n1") and "started again on n2 at 108.000" in problem
 
 
 def test_a_rerun_is_attributed_to_a_fault_on_the_earlier_node_or_to_none(tmp_path: Path) -> None:
