@@ -86,7 +86,7 @@ class FanOut(Provider):
                 log.warning("%s: cannot read the subscriptions, %s goes back: %s", self.name, claimed.name,
                             exc)
                 self._stop.wait(max(self.config.poll_interval, 1.0))
-                if self._take_over(claimed):  # else handed back at shutdown already
+                if self.claims.finishing(claimed):  # else handed back at shutdown already
                     self._retry(functools.partial(lc.unclaim, claimed))
                 self._outcome(claimed, "returned", started)
                 return False
@@ -96,18 +96,18 @@ class FanOut(Provider):
                 # Nothing visible, the staged copies removed: the message goes back, counted as
                 # a delivery when the fault is the file's or the area's (a refusal), not the line's.
                 what = (lc.read_failed(claimed, exc, retry=self._retry)
-                        if self._take_over(claimed) else "handed back at shutdown")
+                        if self.claims.finishing(claimed) else "handed back at shutdown")
                 log.warning("%s: cannot fan out %s: %s; %s", self.name, claimed.name, exc, what)
                 self._outcome(claimed, "returned", started)
                 return False
             except Exception as exc:  # a broken journal: nothing can be recorded safely
                 log.error("%s: cannot fan out %s, returning it: %s: %s", self.name, claimed.name,
                           type(exc).__name__, exc)
-                if self._take_over(claimed):
+                if self.claims.finishing(claimed):
                     self._retry(lambda: lc.rename_back(claimed))
                 self._outcome(claimed, "returned", started)
                 return False
-        if not self._take_over(claimed):
+        if not self.claims.finishing(claimed):
             # Handed back at shutdown while its copies were staged: they go, nothing was visible.
             try:
                 tx.rollback()
@@ -131,15 +131,6 @@ class FanOut(Provider):
         self._outcome(claimed, "fanned out", started, "to %d subscription(s)%s", len(names),
                       f": {', '.join(names)}" if names and len(names) <= 8 else "")
         return True
-
-    def _take_over(self, claimed: Claimed) -> bool:
-        """Mark ``claimed`` as being finished here (a shutdown no longer hands it back); False if
-        the shutdown handed it back already."""
-        with self._active_lock:
-            if claimed.op_id in self._abandoned:
-                return False
-            self._active[claimed.op_id] = (claimed, "finishing")
-            return True
 
     def _read(self, claimed: Claimed, spool: BinaryIO, started: float) -> int | None:
         """Read the claim into ``spool``; return its size, None if it could not be read (then

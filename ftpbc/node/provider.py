@@ -43,6 +43,7 @@ from ftpbc.exchange.message import Message, result_bytes
 from ftpbc.faults import fail_point
 from ftpbc.metrics import NULL_OBSERVER, EndpointObserver
 from ftpbc.node.failure import DEFAULT_ERROR_REPLY, failure_reason
+from ftpbc.node.inflight import InFlight
 from ftpbc.node.workers import Workers
 
 log = logging.getLogger("ftpbc.provider")
@@ -122,6 +123,8 @@ class Poller:
     #: free workers to wait for before claiming again while work keeps coming (None: half of
     #: them); a subclass whose items hold a worker for long claims for each one (1)
     refill_when_busy: int | None = None
+    #: the lifecycle whose claims this poller serves (set by the subclass)
+    lifecycle: Lifecycle
 
     def __init__(self, name: str, config: PollSettings, poll_lock: PollLock, *,
                  liveness: Liveness | None = None) -> None:
@@ -134,6 +137,8 @@ class Poller:
         self._guard = LoopGuard(f"poller {name}", liveness, self._stop, first_wait=config.poll_interval,
                                 logger=log)
         self._liveness = liveness
+        #: the claims in workers' hands, and whether each is being handled or finished
+        self.claims = InFlight(name)
         #: this node's lease (None: never fenced), and its term when the last poll began: a
         #: claim is served only while the lease has held since (see ftpbc.cluster.lease)
         self._lease = liveness.lease if liveness is not None else None
@@ -405,16 +410,24 @@ class Poller:
             with self._in_flight_cv:
                 while self._finishing() and time.monotonic() < deadline:
                     self._in_flight_cv.wait(0.1)
+            clean = clean and not self._finishing()  # the rest is this node's recovery's
         self._pool.shutdown()
         return clean
 
     def _hand_back(self) -> bool:
-        """Return the claims whose handlers are still running; True if all went back."""
-        return True
+        """Return the claims whose handling has not finished to their box (for other nodes, at
+        once: no lease to wait for); True if all went back."""
+        returned, handling = self.claims.hand_back(self.lifecycle.unclaim)
+        if returned:
+            self.observer.returned(returned)
+        if handling:
+            log.info("%s: returned %d unfinished claim(s) to %s for other nodes", self.name, returned,
+                     self.lifecycle.layout.box)
+        return returned == handling
 
     def _finishing(self) -> bool:
-        """Whether a worker is delivering a recorded result."""
-        return False
+        """Whether a worker is delivering a recorded outcome."""
+        return self.claims.any_finishing()
 
     def _lease_holds(self) -> bool:
         """Whether the claim being served (on this thread) is still this node's: the lease is
@@ -433,11 +446,6 @@ class Provider(Poller):
         super().__init__(name, config, poll_lock, liveness=liveness)
         self.lifecycle = lifecycle
         self.handler = handler
-        #: claims in workers' hands: op id -> (claim, "handling" or "finishing")
-        self._active: dict[str, tuple[Claimed, str]] = {}
-        #: claims handed back at shutdown while their handler ran: it must not record anything
-        self._abandoned: set[str] = set()
-        self._active_lock = threading.Lock()
         self.in_place = lifecycle.layout.select is None
         # What the last listing found and this node has not claimed yet, best first.
         self._backlog: deque[Candidate] = deque()
@@ -590,38 +598,10 @@ class Provider(Poller):
 
     # ------------------------------------------------------------------ serving
 
-    def _hand_back(self) -> bool:
-        with self._active_lock:
-            handling = [c for c, state in self._active.values() if state == "handling"]
-            self._abandoned.update(c.op_id for c in handling)
-        returned = 0
-        for c in handling:
-            try:
-                self.lifecycle.unclaim(c)
-                returned += 1
-            except Exception as exc:  # left for the lease, or for this node's recovery
-                log.warning("%s: could not return %s at shutdown: %s", self.name, c.name, exc)
-        if returned:
-            self.observer.returned(returned)
-        if handling:
-            log.info("%s: returned %d unfinished claim(s) to %s for other nodes", self.name, returned,
-                     self.lifecycle.layout.box)
-        return returned == len(handling)
-
-    def _finishing(self) -> bool:
-        with self._active_lock:
-            return any(state == "finishing" for _, state in self._active.values())
-
     def _serve_one(self, claimed: Claimed) -> bool:
         """Read, call the handler, record, commit and reply; True once the message is done."""
-        with self._active_lock:
-            self._active[claimed.op_id] = (claimed, "handling")
-        try:
+        with self.claims.holding(claimed):
             return self._serve(claimed)
-        finally:
-            with self._active_lock:
-                self._active.pop(claimed.op_id, None)
-                self._abandoned.discard(claimed.op_id)
 
     def _serve(self, claimed: Claimed) -> bool:
         started = time.monotonic()
@@ -633,10 +613,8 @@ class Provider(Poller):
             self._outcome(claimed, "unfinished", started, "(left for recovery: the node is stopping)")
             return False
         if adopted[0] is not None:
-            with self._active_lock:
-                if claimed.op_id in self._abandoned:  # handed back at shutdown meanwhile
-                    return False
-                self._active[claimed.op_id] = (claimed, "finishing")
+            if not self.claims.finishing(claimed):  # handed back at shutdown meanwhile
+                return False
             return self._finish(claimed, adopted[0], started, "served", "(its reply was staged already)")
         spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115
         with spool:
@@ -662,11 +640,7 @@ class Provider(Poller):
                 error = failure_reason(exc, getattr(self.config, "error_reply", DEFAULT_ERROR_REPLY),
                                        logger=log, what=f"{self.name}: handler failed on {claimed.name}")
             self.observer.handled(time.monotonic() - handler_started)
-        with self._active_lock:
-            abandoned = claimed.op_id in self._abandoned
-            if not abandoned:
-                self._active[claimed.op_id] = (claimed, "finishing")
-        if abandoned:  # logged outside the lock: the shutdown's hand-back waits for it
+        if not self.claims.finishing(claimed):  # handed back at shutdown while the handler ran
             self._outcome(claimed, "returned", started, "(handed back at shutdown; its result is dropped)")
             return False
         try:

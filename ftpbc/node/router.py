@@ -136,11 +136,6 @@ class Router(Poller):
         idle = min([self.route.max_idle, *(r.max_idle for r in self.route.rulesets if r.max_idle)])
         self._tick = max(0.05, min(1.0, idle / 4))
         self._house_thread: threading.Thread | None = None
-        #: claims in workers' hands: op id -> (claim, "deciding" or "delivering")
-        self._active: dict[str, tuple[Claimed, str]] = {}
-        #: claims handed back at shutdown while being decided: their workers must not go on
-        self._abandoned: set[str] = set()
-        self._active_lock = threading.Lock()
         self._house_guard = LoopGuard(f"route:{name} destinations", liveness, self._stop,
                                       first_wait=self._tick, logger=log)
 
@@ -192,47 +187,11 @@ class Router(Poller):
 
     # ------------------------------------------------------------------ one message
 
-    def _hand_back(self) -> bool:
-        """At shutdown, past drain_timeout: return the claims still being decided (nothing was
-        journaled for them yet) to the inbox for other nodes; True if no delivery is left
-        unfinished (those are this node's own until its recovery: its heartbeat stays)."""
-        with self._active_lock:
-            deciding = [c for c, state in self._active.values() if state == "deciding"]
-            self._abandoned.update(c.op_id for c in deciding)
-            delivering = sum(1 for _, state in self._active.values() if state == "delivering")
-        returned = 0
-        for c in deciding:
-            try:
-                self.lifecycle.unclaim(c)
-                returned += 1
-            except Exception as exc:  # left for this node's recovery
-                log.warning("%s: could not return %s at shutdown: %s", self.name, c.name, exc)
-        if deciding:
-            log.info("%s: returned %d unfinished claim(s) to %s", self.name, returned,
-                     self.lifecycle.layout.box)
-        return returned == len(deciding) and delivering == 0
-
-    def _finishing(self) -> bool:
-        with self._active_lock:
-            return any(state == "delivering" for _, state in self._active.values())
-
     def _route_one(self, claimed: Claimed) -> bool:
-        with self._active_lock:
-            self._active[claimed.op_id] = (claimed, "deciding")
-        try:
+        # Handling while the route decides (nothing journaled yet: a shutdown may hand it back),
+        # finishing once it delivers (a delivery under way is this node's until its recovery).
+        with self.claims.holding(claimed):
             return self._route(claimed)
-        finally:
-            with self._active_lock:
-                self._active.pop(claimed.op_id, None)
-                self._abandoned.discard(claimed.op_id)
-
-    def _delivering(self, claimed: Claimed) -> bool:
-        """Mark a claim as on its way (False: it was handed back at shutdown; leave it)."""
-        with self._active_lock:
-            if claimed.op_id in self._abandoned:
-                return False
-            self._active[claimed.op_id] = (claimed, "delivering")
-            return True
 
     def _route(self, claimed: Claimed) -> bool:
         lc = self.lifecycle
@@ -243,7 +202,7 @@ class Router(Poller):
             if isinstance(unread, Unread):
                 return self._unread(claimed, unread, started)
             plan, reason = self._decide(claimed, spool)  # type: ignore[arg-type]
-            if not self._delivering(claimed):
+            if not self.claims.finishing(claimed):
                 return False
             if plan is None:
                 self._file(claimed, reason or "no outlink")
