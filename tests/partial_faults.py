@@ -595,6 +595,9 @@ class ServerHistory:
     #: requests uploaded whole to the in stage directory, and those renamed from there to the inbox
     requests_staged: set[str] = field(default_factory=set)
     requests_exposed: set[str] = field(default_factory=set)
+    #: a holder's staged response deleted while its upload ran (vsftpd logs the delete, then the
+    #: upload as complete, into a file no longer there): not a result on the server
+    deleted_mid_upload: list[str] = field(default_factory=list)
 
 
 def _stager(name: str) -> str:
@@ -609,12 +612,18 @@ def server_history(log: Path, repository: str) -> ServerHistory:
     out = ServerHistory()
     #: uuid -> (holder, line of its claim, line of its complete response upload or 0)
     held: dict[str, tuple[str, int, int]] = {}
+    #: uuids whose holder's staged response was deleted before its upload was logged complete
+    cut: set[str] = set()
     text = log.read_text(errors="replace") if log.exists() else ""
     for number, line in enumerate(text.splitlines(), 1):
         m = _SERVER_OP.search(line)
         if m is None or not m.group(2).startswith(root):
             continue
         if m.group(1) == "DELETE":
+            directory, _, name = m.group(2)[len(root):].rpartition("/")
+            uid = _uuid_of(name, "resp.") if directory == "outstage" else None
+            if uid is not None and uid in held and _stager(name) == held[uid][0] and not held[uid][2]:
+                cut.add(uid)
             continue
         if m.group(1) == "UPLOAD":
             directory, _, name = m.group(2)[len(root):].rpartition("/")
@@ -623,12 +632,18 @@ def server_history(log: Path, repository: str) -> ServerHistory:
             uid = _uuid_of(name, "resp.") if directory == "outstage" else None
             if uid is not None and uid in held and _stager(name) == held[uid][0]:
                 holder, claimed, _ = held[uid]
-                held[uid] = (holder, claimed, number)
+                if uid in cut:
+                    cut.discard(uid)
+                    out.deleted_mid_upload.append(f"{uid}: {holder}'s upload logged complete (line {number}) "
+                                                  "after its file was deleted")
+                else:
+                    held[uid] = (holder, claimed, number)
             continue
         src, _, dst = m.group(2).partition(" ")
         (sdir, _, sname), (ddir, _, dname) = (p[len(root):].rpartition("/") for p in (src, dst))
         if sdir == "inbox" and ddir == "inselect" and (uid := _uuid_of(dname, "req.")):
             held[uid] = (dname.split("~")[1] if "~" in dname else "?", number, 0)
+            cut.discard(uid)
         elif sdir == "inselect" and (uid := _uuid_of(sname, "req.")):
             holder, claimed, uploaded = held.pop(uid, ("?", 0, 0))
             if ddir == "inbox":
@@ -716,6 +731,8 @@ class Verdict:
     #: ... and whose handler then ran again (a run started after that holder began staging)
     rerun_after_staged: list[str]
     exposed_twice: list[str]
+    #: info: a holder's staged response deleted while it was being uploaded (server log)
+    deleted_mid_upload: list[str]
     #: failed submits the client's recovery called exposed, whose whole staged request the server
     #: deleted without ever putting it in the inbox: uuid -> the outcome the caller was given
     misreported_sends: dict[str, str]
@@ -807,6 +824,7 @@ def judge(cluster: Cluster, ledger: FaultLedger, events: list[FaultEvent], unrec
         handler_runs=sum(len(rs) for rs in runs.values()), reruns=find_reruns(runs, returns, events),
         returned_after_staged=[f"{u}: {what}" for u, _, what in history.returned_after_staged],
         rerun_after_staged=rerun_after_staged(history, runs),
+        deleted_mid_upload=history.deleted_mid_upload,
         exposed_twice=sorted(u for u, n in history.exposed.items() if n > 1),
         misreported_sends={u: o for u, o in ledger.send_outcomes.items()
                            if not o.startswith(("rolled back", *UNSETTLED))
@@ -868,7 +886,8 @@ class FaultRunResult:
             f"{sum(1 for r in v.reruns if r.earlier.recorded)}, begun staging it in "
             f"{sum(1 for r in v.reruns if r.earlier.staging)}; requests taken from a node after its "
             f"result was on the server {len(v.returned_after_staged)}, of which run again "
-            f"{len(v.rerun_after_staged)}; responses put out twice {len(v.exposed_twice)}",
+            f"{len(v.rerun_after_staged)}; responses put out twice {len(v.exposed_twice)}; staged responses "
+            f"deleted while being uploaded {len(v.deleted_mid_upload)}",
             f"throughput: baseline {base.rate:.1f} req/s ({base.answered} in {base.seconds:.1f} s), "
             f"under faults {faults.rate:.1f} req/s ({faults.answered} in {faults.seconds:.1f} s), "
             f"ratio {faults.rate / max(base.rate, 1e-9):.2f}",

@@ -209,7 +209,8 @@ def _vsftpd_line(op: str, what: str) -> str:
 
 def test_the_server_history_finds_a_request_taken_from_a_node_after_its_result_was_uploaded(
         tmp_path: Path) -> None:
-    r, u, v = "/t-x", "11111111-2222-3333-4444-555555555555", "66666666-2222-3333-4444-555555555555"
+    r, u, v, w = ("/t-x", "11111111-2222-3333-4444-555555555555", "66666666-2222-3333-4444-555555555555",
+                  "77777777-2222-3333-4444-555555555555")
     log = tmp_path / "vsftpd.log"
     log.write_text("\n".join([
         # u: claimed by n1, its response uploaded whole, then returned to the inbox: a violation
@@ -225,10 +226,17 @@ def test_the_server_history_finds_a_request_taken_from_a_node_after_its_result_w
         _vsftpd_line("UPLOAD", f"{r}/outstage/resp.{v}~n1") + ", 23 bytes, 1.00Kbyte/sec",
         _vsftpd_line("RENAME", f"{r}/outstage/resp.{v}~n1 {r}/outbox/resp.{v}"),
         _vsftpd_line("RENAME", f"{r}/outstage/resp.{v}~n2 {r}/outbox/resp.{v}"),
+        # w: n1's staged response deleted while its upload ran, then the claim returned: no result
+        # was on the server (vsftpd logs the upload complete into the deleted file)
+        _vsftpd_line("RENAME", f"{r}/inbox/req.{w} {r}/inselect/req.{w}~n1"),
+        _vsftpd_line("DELETE", f"{r}/outstage/resp.{w}~n1=23"),
+        _vsftpd_line("UPLOAD", f"{r}/outstage/resp.{w}~n1=23") + ", 23 bytes, 1.00Kbyte/sec",
+        _vsftpd_line("RENAME", f"{r}/inselect/req.{w}~n1 {r}/inbox/req.{w};n=1"),
     ]) + "\n")
     history = server_history(log, r)
     assert [(uid, holder) for uid, holder, _ in history.returned_after_staged] == [(u, "n1")]
-    assert history.returned == {u: 1, v: 1}
+    assert history.returned == {u: 1, v: 1, w: 1}
+    assert [line.split(":")[0] for line in history.deleted_mid_upload] == [w]
     assert history.exposed == {u: 1, v: 2}
     # Taken back after the upload is no fault by itself (the next node may deliver that reply);
     # a handler started again after the holder began staging is.
