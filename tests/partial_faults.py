@@ -20,7 +20,10 @@ returned it) the re-run's start.  The checker (:func:`judge`) requires:
   answered exactly once with ``re:<body>``, or failed to its caller with a clear error
   (:class:`~ftpbc.errors.RemoteHandlerError`, :class:`~ftpbc.errors.RequestExpired`), and has at
   most one response on the server; a submit the journal rolled back is nowhere on the server;
-* no re-run of a message whose earlier run had staged its result before the cut;
+* no handler started again once its result was on the server: from the server's own log (vsftpd,
+  in its order), a request taken back from its holder after the holder's whole response upload
+  may be served elsewhere only by delivering that staged reply (:func:`rerun_after_staged`);
+* no two responses to one request put in the outbox (server log);
 * every re-run attributed to a fault that hit the earlier run's node (or the server) between that
   run's start and the cut;
 * once the clients are done, every box, stage and select directory empty (waited for, with a
