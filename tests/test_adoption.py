@@ -121,3 +121,52 @@ def test_the_sweeper_keeps_a_dead_nodes_complete_reply_and_drops_a_torn_one(
     assert outbox.joinpath(f"resp.{torn}").read_bytes() == b"fresh"
     assert runs == [str(torn)]
     assert _files(tmp_path, "outstage") == [] and _files(tmp_path, "inselect") == []
+
+
+def test_a_sweep_never_takes_a_live_nodes_upload_under_way_and_clears_a_leftover_reply(
+        server: EmbeddedFTPServer, tmp_path: Path) -> None:
+    """A staged reply shorter than its name says is an upload under way (or a torn one of a dead
+    node): a live node's is left alone however long it stays.  A complete one whose request is
+    nowhere (served by another node meanwhile) is removed once it has stayed a lease."""
+    config = _config(server.port, tmp_path, lease=3, heartbeat_interval=0.5)
+    uploading, leftover = uuid.uuid4(), uuid.uuid4()
+    stage = _dir(tmp_path, "outstage")
+    stage.mkdir(parents=True)
+    (stage / f"resp.{uploading}~node-b=100").write_bytes(b"partial")
+    (stage / f"resp.{leftover}~node-b=5").write_bytes(b"whole")
+    node = Node(config.with_node_id("node-b"), handlers={"echo": lambda m: b""})
+    node.start()
+    try:
+        wait_until(lambda: not (stage / f"resp.{leftover}~node-b=5").exists(), timeout=30,
+                   what="the leftover reply removed")
+        swept = node.sweeps
+        wait_until(lambda: node.sweeps >= swept + 3, timeout=30, what="three more sweeps")
+        assert (stage / f"resp.{uploading}~node-b=100").read_bytes() == b"partial"
+    finally:
+        assert node.stop() is True
+
+
+def test_recovery_keeps_a_staged_message_its_pending_send_still_names(
+        server: EmbeddedFTPServer, tmp_path: Path) -> None:
+    """A send left pending (its server failed while recovery decided it) owns its stage file:
+    the orphan pass that follows must not roll it back."""
+    from ftpbc.exchange.recovery import recover_orphans
+    from ftpbc.exchange.runtime import Runtime
+
+    runtime = Runtime(_config(server.port, tmp_path).with_node_id("cli"))
+    try:
+        lc = runtime.lifecycle("echo", "in")
+        lc.prepare()
+        uid = uuid.uuid4()
+        staged = f"{lc.layout.stages[0]}/req.{uid}~cli"
+        orphan = f"{lc.layout.stages[0]}/req.{uuid.uuid4()}~cli"
+        for path in (staged, orphan):
+            (tmp_path / "root" / path.lstrip("/")).write_bytes(b"body")
+        lc.journal.record(f"{uid}.send", "send", durable=True, target=lc.layout.box_path(f"req.{uid}"),
+                          stage=staged)
+        actions = recover_orphans(lc)
+        assert [a.op_id for a in actions] == [orphan.rsplit("/", 1)[-1]]
+        assert (tmp_path / "root" / staged.lstrip("/")).exists()
+        assert not (tmp_path / "root" / orphan.lstrip("/")).exists()
+    finally:
+        runtime.close()

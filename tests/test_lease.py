@@ -45,6 +45,25 @@ def _fence_lines(caplog: pytest.LogCaptureFixture, word: str) -> list[str]:
             if r.name == "ftpbc.lease" and r.getMessage().startswith(word)]
 
 
+def test_held_for_counts_from_the_beat_that_ended_the_last_lapse() -> None:
+    """A node sweeps (judges other nodes dead) only once its own lease has held for a whole
+    lease: after an outage that stopped every heartbeat, the others then had time to beat."""
+    clock = Clock(100.0)
+    lease = Lease(6.0, 1.0, clock=clock, wall=lambda: 0.0)
+    assert lease.held_for() == float("inf")  # no heartbeat at all: never fenced
+    lease.arm()
+    assert lease.held_for() == 0.0
+    lease.renewed(100.0)
+    clock.now = 103.0
+    lease.renewed(102.5)  # renewals within the lease do not restart the count
+    assert lease.held_for() == 3.0
+    clock.now = 120.0  # an outage: no beat for 17 s
+    assert lease.held_for() == 0.0
+    lease.renewed(119.0)
+    clock.now = 121.0
+    assert lease.held_for() == 2.0  # counted from the beat that ended the lapse
+
+
 def test_a_lease_runs_from_the_start_of_the_last_beat_written(caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock(100.0)
     lease = Lease(6.0, 1.0, clock=clock, wall=lambda: 0.0)

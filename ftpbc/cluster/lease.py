@@ -88,6 +88,8 @@ class Lease:
         self._said = False
         #: started_at of the last successful beat (None: none yet)
         self._renewed_at: float | None = None
+        #: when the current term began (the beat that ended the last lapse was issued)
+        self._valid_since = -float("inf")
 
     def arm(self) -> None:
         """A heartbeat starts: the lease is over until its first beat is written."""
@@ -108,6 +110,7 @@ class Lease:
             self._until = max(self._until, self._renewed_at + self.lease - self.margin)
             if self._lapsed and now < self._until:
                 self._lapsed = False
+                self._valid_since = started_at
                 if self._said:
                     self._said = False
                     log.warning("unfenced: node %s: heartbeat written again; lease valid until %s; "
@@ -130,6 +133,18 @@ class Lease:
         """Whether the lease is valid now and has not lapsed since ``term`` (from :meth:`term`)
         began: a claim made then is still this node's."""
         return term is not None and self.term() == term
+
+    def held_for(self) -> float:
+        """How long the lease has been valid without a lapse (0 while it is over, infinite
+        when not armed).  A node judges other nodes dead only once this is a whole lease: after
+        an outage that stopped every heartbeat (the coordination server's, say), every live
+        node has then had a lease to write its heartbeat again."""
+        with self._lock:
+            if self._until is None:
+                return float("inf")
+            now = self.now()
+            self._observe(now, quiet=True)
+            return 0.0 if self._lapsed else now - self._valid_since
 
     @property
     def until(self) -> float | None:

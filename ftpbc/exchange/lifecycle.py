@@ -18,8 +18,9 @@ The provider's order is what makes a crash decidable from the server alone::
 If the commit finds its source gone, another node returned this node's claim (it looked dead)
 and serves the message: this node never exposes its reply, so a slow node never causes a second
 one.  The reply stays staged under a name that declares its size, and the node that serves the
-returned request delivers it instead of running the handler again (:meth:`Lifecycle.adopt`).  A commit whose reply is lost is decided from the server (the
-commit target exists: done; the claim still exists: retried; neither: lost).  Recovery
+returned request delivers it instead of running the handler again (:meth:`Lifecycle.adopt`).
+A commit whose reply is lost is decided from the server (the commit target exists: done; the
+claim still exists: retried; neither: lost).  Recovery
 (:mod:`ftpbc.exchange.recovery`) runs the very same :meth:`finish_served`.
 
 Delivery count and poison messages
@@ -680,8 +681,8 @@ class Lifecycle:
         # All renames at once (FTP: one round trip for the batch); each has its own outcome.
         outcomes = self.transport.rename_each([(src, dst) for _, _, src, dst in plan])
         for (c, op, _, dst), outcome in zip(plan, outcomes, strict=True):
-            if isinstance(outcome, OutcomeUnknown) and self.transport.exists(dst):
-                outcome = None  # it happened
+            if isinstance(outcome, OutcomeUnknown) and self._claimed_after_all(dst):
+                outcome = None  # it happened, or may have: the worker's read decides
             if outcome is not None:  # not renamed
                 self.journal.end(op)
                 if isinstance(outcome, SourceGone | OutcomeUnknown):
@@ -696,6 +697,16 @@ class Lifecycle:
                 raise failed  # the poll failed: its caller logs it and backs off
             log.warning("%s: claimed %d, one or more others failed: %s", self.name, len(won), failed)
         return won, lost
+
+    def _claimed_after_all(self, dst: str) -> bool:
+        """After a claim rename whose reply was lost: whether ``dst`` (the claim) may exist.
+        True when it does, and when the server cannot say (the connection is down again): the
+        claim is then handed to a worker, whose read finds it or finds it gone and ends its
+        operation, rather than left claimed and journaled with nobody to serve it."""
+        try:
+            return self.transport.exists(dst)
+        except TransportError:
+            return True
 
     def _op_id(self, c: Candidate, role: str) -> str:
         """The message id plus its role where ids are unique tokens (an endpoint's UUIDs), a

@@ -169,12 +169,15 @@ def recover_orphans(lc: Lifecycle) -> list[Action]:
     Send and claim intents are written before their remote step but not fsynced (a killed
     process leaves them in the page cache), so only a machine crash can lose them; the files
     they announced still say who made them.  Run after the journal's own operations are done,
-    so any such file left now is an orphan: a staged message is rolled back, a claim is
-    returned to its box.  A staged reply is never an orphan (its ``served`` record is fsynced
-    before the upload) and is left alone.
+    so any such file left now that no operation still pending names is an orphan: a staged
+    message is rolled back, a claim is returned to its box.  A staged reply is never an orphan
+    (its ``served`` record is fsynced before the upload) and is left alone.
     """
     actions = []
     t, layout = lc.transport, lc.layout
+    # Files a still-pending operation names are its own (one left for the next recovery when
+    # its server failed meanwhile), never orphans.
+    accounted = {v for op in lc.journal.pending() for v in op.fields.values()}
     dirs = [("select", layout.select)] if layout.select else []
     dirs += [("stage", d) for d in layout.orphan_stages]
     for kind, directory in dirs:
@@ -183,6 +186,8 @@ def recover_orphans(lc: Lifecycle) -> list[Action]:
         except NotFound:
             continue
         for entry in entries:
+            if f"{directory.rstrip('/')}/{entry.name}" in accounted:
+                continue
             try:
                 action = _orphan(lc, kind, directory, entry.name)
             except FtpbcError as exc:  # one bad entry never stops the rest

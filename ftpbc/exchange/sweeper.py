@@ -24,6 +24,7 @@ cannot be handled is logged once and skipped: it never stops the sweep of the ot
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
@@ -56,6 +57,9 @@ class Sweeper:
         self.returned = 0
         self.expired = 0
         self._dead: dict[str, bool] = {}
+        #: complete staged responses of live nodes -> when this sweeper first saw them (monotonic):
+        #: a server's listing times may be rounded to the minute, so age is judged here
+        self._staged_seen: dict[str, float] = {}
 
     def sweep(self) -> None:
         with self.lock.attempt() as held:
@@ -135,8 +139,11 @@ class Sweeper:
             return
         layout = inbound.layout
         assert isinstance(layout, AreaLayout)
-        now = datetime.now(UTC)
-        staged = [e for e in _listing(outbound, outbound.layout.stages[0]) if self._undecided(e, now)]
+        listed = _listing(outbound, outbound.layout.stages[0])
+        now = time.monotonic()
+        seen = self._staged_seen
+        self._staged_seen = {e.name: seen.get(e.name, now) for e in listed if _complete(e)}
+        staged = [e for e in listed if self._undecided(e, now)]
         if not staged:
             return
         claims: dict[str, str | None] = {}  # uuid of a request waiting or claimed -> its claimer
@@ -151,7 +158,7 @@ class Sweeper:
         committers: dict[str, set[str]] | None = None
         for e in staged:
             try:
-                name, owner, size = split_stage(e.name)
+                name, owner, _ = split_stage(e.name)
                 resp = _decoded(outbound.layout, name)
                 if resp is None or owner is None or resp.envelope.headers.reply_to is not None:
                     # A reply_to response: its request was another endpoint's, whose archives
@@ -159,7 +166,7 @@ class Sweeper:
                     continue
                 uid = resp.envelope.headers.correlation_id or resp.uuid
                 stage = f"{outbound.layout.stages[0]}/{e.name}"
-                complete = size is not None and e.size == size
+                complete = _complete(e)
                 if uid in claims:
                     if not complete:
                         self._delete(outbound, stage, "staged response of an uncommitted request")
@@ -178,15 +185,16 @@ class Sweeper:
             except FtpbcError as exc:
                 outbound.layout.report(e.name, f"sweep skipped it: {exc}")
 
-    def _undecided(self, e: Entry, now: datetime) -> bool:
+    def _undecided(self, e: Entry, now: float) -> bool:
         """Whether a staged response's node cannot finish it: the node is dead, or the
-        response is complete and older than the lease (its node may have lost the claim; one
-        that did not is still holding it, or committed it, and the sweep leaves it alone)."""
-        _, owner, size = split_stage(e.name)
+        response is complete and this sweeper has seen it staged for over a lease (its node may
+        have lost the claim; one that did not still holds it, or committed it, and the sweep
+        leaves it alone).  An upload under way is never complete, so never taken."""
+        _, owner, _ = split_stage(e.name)
         if self._is_dead(owner):
             return True
-        return (size is not None and e.mtime is not None
-                and (now - e.mtime).total_seconds() > self.lease)
+        first = self._staged_seen.get(e.name)
+        return first is not None and now - first > self.lease
 
     def _committers(self, inbound: Lifecycle) -> dict[str, set[str]]:
         """uuid -> the nodes that committed a request with that uuid (archived it, or filed it
@@ -243,6 +251,12 @@ class Sweeper:
             log.info("%s: removed %s (%s)", lc.layout.display, path, why)
         except NotFound:
             pass
+
+
+def _complete(e: Entry) -> bool:
+    """Whether a staged file's size is the one its name declares."""
+    size = split_stage(e.name)[2]
+    return size is not None and e.size == size and not e.is_dir
 
 
 def _listing(lc: Lifecycle, directory: str) -> list[Entry]:

@@ -256,7 +256,14 @@ class Node:
         interval = self.config.node.lease / 3
         guards = {s.endpoint: LoopGuard(f"sweeper {s.endpoint}", self.runtime.liveness, self._stop,
                                         first_wait=0.0, max_wait=0.0, logger=log) for s in self.sweepers}
+        lease = self.runtime.liveness.lease
         while not self._stop.wait(interval):
+            if lease is not None and lease.held_for() < self.config.node.lease:
+                # Not yet a whole lease of this node's own: another node's stale heartbeat may only
+                # mean it had no time to beat again since an outage (see Lease.held_for).
+                for g in guards.values():
+                    g.progress()  # waiting on purpose is not a stuck sweeper
+                continue
             for s in self.sweepers:
                 guards[s.endpoint].run(s.sweep)  # never raises; a failed sweep waits for the next round
             self.sweeps += 1
