@@ -51,7 +51,8 @@ def serve(config_path: str, node_id: str | None, verbose: bool, handler_path: tu
     config = load(config_path, node_id)
     tight = lease_warning(config)
     if tight is not None:
-        click.echo(f"ftpbc: warning: {tight}", err=True)
+        # Logged, not printed: with --log-format json every line on stderr is a JSON record.
+        logging.getLogger("ftpbc.node").warning("%s", tight)
     node = Node(config, handler_path=handler_path)
     stop = threading.Event()
 
