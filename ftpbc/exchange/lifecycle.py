@@ -77,7 +77,7 @@ from ftpbc.exchange.area import REASON_SUFFIX, archive_name, split_stage
 from ftpbc.exchange.bounds import DEFAULT_MAX_MESSAGE_BYTES, READ_MARGIN, BoundedSink, body_length, check_body
 from ftpbc.exchange.capacity import Capacity
 from ftpbc.exchange.envelope import EXPIRED_TYPE, NAME_LIMIT, Envelope, Headers
-from ftpbc.exchange.layout import Candidate, Commit, Layout, Outbound, delivery_order
+from ftpbc.exchange.layout import AreaLayout, Candidate, Commit, Layout, Outbound, delivery_order
 from ftpbc.exchange.policy import DEFAULT_POLICY, QueuePolicy
 from ftpbc.faults import crash_point
 from ftpbc.journal import EndpointJournal, Operation
@@ -1147,8 +1147,9 @@ class Lifecycle:
         Only requests that came back (a delivery count above zero) can have one, so only those
         cost the listing of the stage directory."""
         c = claimed.candidate
-        if c.envelope.headers.delivery_count <= 0 or c.envelope.headers.kind != "request":
-            return None
+        if (c.envelope.headers.delivery_count <= 0 or c.envelope.headers.kind != "request"
+                or not isinstance(self.layout, AreaLayout)):
+            return None  # (a transfer's reply name may draw a sequence number: never asked here)
         when = self.clock()
         variants: dict[str, tuple[bool, str | None]] = {}
         stage_dir = None
