@@ -49,3 +49,22 @@ def loose_umask() -> Iterator[None]:
     old = os.umask(0o022)
     yield
     os.umask(old)
+
+
+#: (test id, report) of the tests that report figures (report_figures): printed after the run,
+#: passed or failed, so CI's log carries them
+_FIGURES: list[tuple[str, str]] = []
+
+
+@pytest.fixture
+def report_figures(request: pytest.FixtureRequest) -> Any:
+    """``report_figures(text)``: show ``text`` in the run's terminal summary, whatever the outcome."""
+    def report(text: str) -> None:
+        _FIGURES.append((request.node.nodeid, text))
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for nodeid, text in _FIGURES:
+        terminalreporter.write_sep("-", f"figures: {nodeid}")
+        terminalreporter.write_line(text)
