@@ -54,12 +54,27 @@ Sequences
     created (its value file ``.0``, then its marker) under a lock: the check for its marker and
     the creation must not interleave with another node's.  A rename whose reply is lost may have
     happened: its value is never used (a gap), so values stay unique.
+
+What is written there is not trusted
+    Whoever can write to the directory can forge any of these names and times; what they
+    cannot do is make a node wait for ever, crash it, or make it loop.  A lock's expiry is
+    believed up to ``lock_expiry`` (plus :data:`CLOCK_SLACK`) past the moment this process
+    first saw that name, and a name that is no held name of a node (``lock.<id>`` and anything
+    else) is held by nobody known, so a lock nobody renews is taken over within that bound,
+    with one warning naming the holder.  A heartbeat time further in the future than the slack
+    counts as written when first seen, so it dies after the lease.  A sequence value is only
+    ``<name>.<N>`` with N in decimal, no leading zero, at most 18 digits; a sequence whose
+    value file stays out of sight for seconds, or at its largest value, fails its draws with a
+    :class:`~ftpbc.errors.SequenceError` naming the file.  Not guaranteed: anything against
+    someone who keeps renaming, rewriting or deleting the files (they hold the lock, keep the
+    heartbeat alive, set the sequence, as a node would).
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import math
 import os
 import random
 import re
@@ -69,6 +84,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path, PurePath, PurePosixPath
@@ -96,15 +112,35 @@ RESCAN = 1.0
 #: at every beat; this is for processes that do not beat)
 CLOCK_RESYNC = 300.0
 HOST = socket.gethostname().replace(" ", "-") or "localhost"
+#: how far two processes' estimates of the server's clock may differ (an mtime's whole second,
+#: plus an upload's round trip): a claimed time is believed up to this far past what it may be
+CLOCK_SLACK = 2.0
 
 _TOKEN_RE = re.compile(r"lock\.([0-9a-f]{6,32})(?:~([A-Za-z0-9._-]{1,64})\+([0-9a-f]{1,16})~(\d{1,16}))?")
 _TOKEN_ID_RE = re.compile(r"[0-9a-f]{6,32}")
+#: a lock file of a token under a name no node writes (renamed by hand, or by an attacker)
+_GARBLED_RE = re.compile(r"lock\.([0-9a-f]{6,32})([^0-9a-f].*)", re.DOTALL)
 _SAFE_KEY_RE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def _safe_key(key: str) -> str:
     """A lock key as a directory name (a transfer's key ``transfer:x`` has a colon)."""
     return _SAFE_KEY_RE.sub(lambda m: f"+{ord(m[0]):02x}", key)
+
+
+_DIGITS_RE = re.compile(r"[0-9]{1,9}")
+
+
+def _beat_stamp(text: str) -> float:
+    """The server time a heartbeat's first line says it was written at (for servers without
+    file times); 0 (long dead) if it says none, or nothing finite: a ``nan`` would compare as
+    neither old nor new."""
+    fields = text.split("\n", 1)[0].split()
+    try:
+        stamp = float(fields[2])
+    except (IndexError, ValueError):
+        return 0.0
+    return stamp if math.isfinite(stamp) else 0.0
 
 
 def server_seconds(mtime: datetime) -> float:
@@ -152,6 +188,41 @@ class ServerClock:
         return self._offset
 
 
+class FirstSeen:
+    """When this process first saw each of a set of claims, on the server's clock.
+
+    A time written by someone else (a lock's expiry in its name, a heartbeat's mtime) is a
+    claim; one too far in the future cannot be checked against the clock, only against how long
+    this process has been looking at it.  Per process: a process that starts anew starts
+    counting anew.  Bounded: past ``limit`` claims the oldest are forgotten (counted anew).
+    """
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._seen: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._seen
+
+    def at(self, key: str, now: float) -> float:
+        """When ``key`` was first seen; ``now`` if this is the first time."""
+        with self._lock:
+            first = self._seen.get(key)
+            if first is None:
+                while len(self._seen) >= self.limit:
+                    del self._seen[next(iter(self._seen))]
+                first = self._seen[key] = now
+            return first
+
+    def keep(self, keys: Iterable[str]) -> None:
+        """Forget every claim but ``keys`` (those still in sight)."""
+        wanted = set(keys)
+        with self._lock:
+            for key in [k for k in self._seen if k not in wanted]:
+                del self._seen[key]
+
+
 @dataclass(frozen=True)
 class Token:
     """One lock token file, as listed."""
@@ -169,9 +240,13 @@ class Token:
 
     @classmethod
     def parse(cls, name: str) -> Token | None:
+        """The token a lock file's name shows; None if it is no lock file.  A name no node
+        writes (``lock.<id>`` and anything else after it) is a token held by nobody known
+        (node ``?``) with no expiry of its own: :meth:`ServerLock._expiry` bounds it."""
         m = _TOKEN_RE.fullmatch(name)
         if m is None:
-            return None
+            g = _GARBLED_RE.fullmatch(name)
+            return None if g is None else cls(name, g[1], "?", "?", float("inf"))
         if m[2] is None:
             return cls(name, m[1])
         return cls(name, m[1], m[2], m[3], int(m[4]) / 1000)
@@ -198,6 +273,7 @@ class ServerCoordination(Coordination):
         self._held_lock = threading.Lock()
         self._renewer: threading.Thread | None = None
         self._stop = threading.Event()
+        self._future_beats = FirstSeen()
         self._sequences = SequenceStore(local_sequences, local_sequences,
                                         shared=ServerSequences(self, lock_timeout=lock_timeout))
 
@@ -243,8 +319,18 @@ class ServerCoordination(Coordination):
             return None
         # A server without file times: the beat's own estimate of the server's time.
         stamp = server_seconds(entry.mtime) if entry.mtime is not None else self._written_at(node_id)
-        age = self.clock.now() - stamp
-        return None if age > self.lease else max(age, 0.0)
+        age = self._age(node_id, stamp, self.clock.now())
+        return None if age > self.lease else age
+
+    def _age(self, node_id: str, stamp: float, now: float) -> float:
+        """A beat's age from the time the server (or, without file times, the beat itself) gives
+        it.  A time in the future by more than :data:`CLOCK_SLACK` was not given by a beat (an
+        mtime set by hand, a forged line): it counts as written when this process first saw it,
+        so it goes stale after the lease like any other beat, however far ahead it claims to be.
+        A node that beats again gives its file a new time, which is judged afresh."""
+        if stamp > now + CLOCK_SLACK:
+            return now - self._future_beats.at(f"{node_id}@{stamp!r}", now)
+        return max(now - stamp, 0.0)
 
     def _written_at(self, node_id: str) -> float:
         buf = io.BytesIO()
@@ -252,11 +338,7 @@ class ServerCoordination(Coordination):
             self.transport.get(self.heartbeat_path(node_id), buf)
         except NotFound:
             return 0.0
-        fields = buf.getvalue().decode("ascii", "replace").split()
-        try:
-            return float(fields[2])
-        except (IndexError, ValueError):
-            return 0.0
+        return _beat_stamp(buf.getvalue().decode("ascii", "replace"))
 
     def heartbeats(self) -> list[HeartbeatInfo]:
         """Every heartbeat file in ``heartbeats/``, alive or dead; ages on the server's clock.
@@ -273,15 +355,9 @@ class ServerCoordination(Coordination):
             text = self._read_beat(e.name)
             if text is None:
                 continue  # removed since the listing: a node that stopped cleanly
-            if e.mtime is not None:
-                stamp = server_seconds(e.mtime)
-            else:  # a server without file times: the beat's own estimate of the server's time
-                fields = text.split("\n", 1)[0].split()
-                try:
-                    stamp = float(fields[2])
-                except (IndexError, ValueError):
-                    stamp = 0.0
-            out.append(beat_info(e.name, text, now - stamp, self.lease, host_field=3))
+            # A server without file times: the beat's own estimate of the server's time.
+            stamp = server_seconds(e.mtime) if e.mtime is not None else _beat_stamp(text)
+            out.append(beat_info(e.name, text, self._age(e.name, stamp, now), self.lease, host_field=3))
         return out
 
     def _read_beat(self, node_id: str) -> str | None:
@@ -313,7 +389,7 @@ class ServerCoordination(Coordination):
         except FtpbcError:
             return None
         fields = buf.getvalue().decode("ascii", "replace").split()
-        pid = int(fields[0]) if fields and fields[0].isdigit() else 0
+        pid = int(fields[0]) if fields and _DIGITS_RE.fullmatch(fields[0]) else 0
         host = fields[3] if len(fields) > 3 else "?"
         if host == HOST and (pid == os.getpid() or not process_alive(pid)):
             return None
@@ -445,6 +521,7 @@ class ServerLock:
         self._alone: set[str] = set()   # tokens a listing has shown alone since their creation
         self._mutex = threading.Lock()  # between the holder's release and the renewer
         self._warned: str | None = None
+        self._seen = FirstSeen(limit=64)  # held names whose expiry this process could not believe
 
     # ------------------------------------------------------------------ CrossLock
 
@@ -510,7 +587,23 @@ class ServerLock:
                 marked.add(e.name[6:])
             elif (t := Token.parse(e.name)) is not None:
                 movers[t.id] = t
-        return marked, {i: t for i, t in movers.items() if i in marked}
+        movers = {i: t for i, t in movers.items() if i in marked}
+        self._seen.keep(t.name for t in movers.values())
+        return marked, movers
+
+    def _expiry(self, t: Token, now: float) -> float:
+        """When held token ``t`` expires, on the server's clock: the expiry its name says, but
+        never later than ``lock_expiry`` (plus :data:`CLOCK_SLACK`) after this process first saw
+        that name.  No node writes an expiry further ahead than that, so a name that claims
+        more was not written by a node; and a holder that renews changes its name, so the
+        bound never shortens a live holder's lock.  Guaranteed: a name nobody renews (a forged
+        expiry, or a garbled name) is taken over at most ``lock_expiry`` plus the slack after
+        this process first listed it.  Not guaranteed: anything against someone who keeps
+        renaming the file (they hold the lock, as a node would)."""
+        horizon = self.c.lock_expiry + CLOCK_SLACK
+        if t.expiry <= now + horizon and t.name not in self._seen:
+            return t.expiry
+        return min(t.expiry, self._seen.at(t.name, now) + horizon)
 
     def _from_listing(self) -> bool:
         marked, movers = self._scan()
@@ -526,7 +619,7 @@ class ServerLock:
         def rank(t: Token) -> int:
             if t.node == self.c.node_id:
                 return 0  # ours: a lost reply, or a previous run of this node (dead: ids are unique)
-            return 1 if not t.held else 2 if t.expiry <= now else 3
+            return 1 if not t.held else 2 if self._expiry(t, now) <= now else 3
 
         for t in sorted((movers[i] for i in marked if i in movers), key=rank):
             if rank(t) == 3:
@@ -536,13 +629,35 @@ class ServerLock:
                 self.c.transport.rename(f"{self.dir}/{t.name}", f"{self.dir}/{held}")
             except NotFound:
                 continue
+            except FtpbcError as exc:
+                if self._warned != t.name:  # a name the server will not rename: the next try
+                    self._warned = t.name
+                    log.warning("%s: cannot take over %s: %s: %s", self.dir, t.name,
+                                type(exc).__name__, exc)
+                continue
             if rank(t) == 2 and self._warned != t.name:
                 self._warned = t.name
-                log.warning("%s: took over the lock of node %s, expired %.1f s ago", self.dir, t.node,
-                            now - t.expiry)
+                self._took_over(t, now)
             return self._hold(t.id, held)
         self._token = min(marked)
         return False
+
+    def _took_over(self, t: Token, now: float) -> None:
+        """Say once which holder lost the lock, and why it was judged gone."""
+        try:
+            alive = t.node not in (None, "?") and self.c.heartbeat_age(t.node or "") is not None
+        except FtpbcError:
+            alive = False
+        beat = "with a live heartbeat" if alive else "without a live heartbeat"
+        holder = f"node {t.node} (process {t.run}), {beat}" if t.node != "?" else "nobody known"
+        if t.expiry <= now:
+            why = f"expired {now - t.expiry:.1f} s ago"
+        elif t.node == "?":
+            why = "its name is none a node writes"
+        else:
+            why = (f"its name claims an expiry {t.expiry - now:.0f} s ahead, more than lock_expiry "
+                   f"{self.c.lock_expiry:g} s: believed for lock_expiry only")
+        log.warning("%s: took over %s, held by %s: %s", self.dir, t.name, holder, why)
 
     def _drop(self, token: str, held: str) -> None:
         """Delete a token this process holds: its marker first (a crash in between leaves an
@@ -672,10 +787,15 @@ class ServerSequences:
             deadline = time.monotonic() + self.lock_timeout
             value = self._known.pop(path, None)
             lost = 0
+            sight = _Sight(path)
             while True:
                 if value is None:
-                    value = self._current(directory, base, endpoint, create=True)
+                    value, names = self._current(directory, base, endpoint, create=True)
+                    sight.check(value, names)
                 if value is not None:
+                    if value >= MAX_VALUE:
+                        raise SequenceError(f"{path}.{value}: the sequence is at its largest value "
+                                            f"({MAX_VALUE}); set it lower to draw from it again")
                     try:
                         self.c.transport.rename(f"{path}.{value}", f"{path}.{value + 1}")
                     except NotFound:
@@ -692,27 +812,33 @@ class ServerSequences:
                 if lost > 1:
                     # Spread the racers out (a few milliseconds at most).
                     time.sleep(random.uniform(0, min(0.0005 * 2 ** min(lost, 8), 0.05)))
+                elif sight.misses:
+                    time.sleep(_LOOK_AGAIN)  # out of sight: a rename takes milliseconds
 
     def get(self, kind: SequenceKind, endpoint: str | None, key: str) -> int:
         directory, base = self._where(kind, endpoint, key)
         deadline = time.monotonic() + self.lock_timeout
+        sight = _Sight(f"{directory}/{base}")
         while True:
-            value = self._current(directory, base, endpoint, create=False)
+            value, names = self._current(directory, base, endpoint, create=False)
             if value is not None:
                 return value
+            sight.check(value, names)
             if time.monotonic() > deadline:
                 raise SequenceError(f"{directory}/{base}: its value file stays out of sight")
+            time.sleep(_LOOK_AGAIN)
 
     def set(self, kind: SequenceKind, endpoint: str | None, key: str, value: int) -> None:
-        if value < 0:
-            raise SequenceError(f"sequence {key!r}: value must be 0 or more, got {value}")
+        if not 0 <= value <= MAX_VALUE:
+            raise SequenceError(f"sequence {key!r}: value must be 0 to {MAX_VALUE}, got {value}")
         directory, base = self._where(kind, endpoint, key)
         path = f"{directory}/{base}"
         with self._thread_lock(path):
             self._known.pop(path, None)
             deadline = time.monotonic() + self.lock_timeout
+            sight = _Sight(path)
             while True:
-                current = self._current(directory, base, endpoint, create=True)
+                current, names = self._current(directory, base, endpoint, create=True)
                 if current == value:
                     return
                 if current is not None:
@@ -721,6 +847,13 @@ class ServerSequences:
                         return
                     except NotFound:
                         pass
+                elif sight.gone(current, names):
+                    # Its value file is gone (module docstring): setting it is the repair.
+                    self.c.put_bytes(f"{path}.{value}", b"")
+                    log.warning("%s: the sequence had no value file; set to %d", path, value)
+                    return
+                else:
+                    time.sleep(_LOOK_AGAIN)
                 if time.monotonic() > deadline:
                     raise SequenceError(f"{path}: could not set it within {self.lock_timeout:g} s "
                                         "(other nodes keep drawing from it)")
@@ -733,19 +866,22 @@ class ServerSequences:
         except NotFound:
             return []
 
-    def _current(self, directory: str, base: str, endpoint: str | None, *, create: bool) -> int | None:
-        """The sequence's value on the server; None if its value file was out of sight (being
-        renamed: list again).  A sequence without a marker is 0, or created if ``create``.
+    def _current(self, directory: str, base: str, endpoint: str | None, *,
+                 create: bool) -> tuple[int | None, AbstractSet[str]]:
+        """The sequence's value on the server, and the names listed; None if its value file was
+        out of sight (being renamed: list again).  A sequence without a marker is 0, or created
+        if ``create``.
 
         Should a second value file ever sit beside the current one (a creation that raced a
         node paused past the creation lock's expiry), the highest value is the current one.
+        A name that is no value (``<base>.0005``, ``<base>.x``, twenty digits) is never one.
         """
         names = {e.name for e in self._entries(directory)}
         if base + _CREATED in names:
-            return _top(names, base)
+            return _top(names, base), names
         if not create:
-            return 0
-        return self._create(directory, base, endpoint)
+            return 0, names
+        return self._create(directory, base, endpoint), names
 
     def _create(self, directory: str, base: str, endpoint: str | None) -> int | None:
         if self._create_lock is None:
@@ -807,13 +943,67 @@ class ServerSequences:
 
 
 _CREATED = "~created"
+#: the largest value a sequence holds: its value file's name has at most 18 digits
+MAX_VALUE = 10 ** 18 - 1
+_VALUE_RE = re.compile(r"0|[1-9][0-9]{0,17}")
+#: how long a draw waits before listing again a sequence whose value file was out of sight
+_LOOK_AGAIN = 0.02
+
+
+class _Sight:
+    """How long a sequence's value file has stayed out of sight.
+
+    A rename takes a value file out of a listing for milliseconds, so a value missing from
+    listings for seconds is not being renamed: it was deleted, or renamed to a name that is
+    no value (by hand, or by someone writing to the coordination directory).  Then the draw
+    fails, naming the sequence and what sits there instead, rather than listing until the lock
+    timeout."""
+
+    #: out of sight in this many listings in a row, over this many seconds: gone
+    MISSES = 10
+    SECONDS = 2.0
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.misses = 0
+        self._since = 0.0
+
+    def gone(self, value: int | None, names: AbstractSet[str]) -> bool:
+        """Count one listing (``value`` None: the value file was not in it); True once it has
+        been out of sight long enough to be gone."""
+        if value is not None:
+            self.misses = 0
+            return False
+        now = time.monotonic()
+        if not self.misses:
+            self._since = now
+        self.misses += 1
+        return self.misses >= self.MISSES and now - self._since >= self.SECONDS
+
+    def check(self, value: int | None, names: AbstractSet[str]) -> None:
+        """:meth:`gone`, raising :class:`SequenceError` (one line, naming the sequence, its
+        directory and what sits in its value's place) once it is gone."""
+        if not self.gone(value, names):
+            return
+        directory, base = self.path.rsplit("/", 1)
+        seconds = time.monotonic() - self._since
+        strays = sorted(n for n in names if n.startswith(base + ".") and _value(n, base) is None
+                        and "." not in n[len(base) + 1:] and "~" not in n[len(base) + 1:])
+        found = (f"found instead: {', '.join(repr(n) for n in strays[:3])}" if strays
+                 else "nothing in its place")
+        raise SequenceError(f"{self.path}: the sequence exists ({base}{_CREATED}) but has no value "
+                            f"file {base}.<N> (N from 0 to {MAX_VALUE}, no leading zeros) in "
+                            f"{self.misses} listings over {seconds:.1f} s; {found} in "
+                            f"{directory}; set the sequence to repair it")
 
 
 def _value(name: str, base: str) -> int | None:
+    """The value a sequence's file name holds; None if it holds none (only the names a draw
+    writes count: ASCII digits, no leading zero, at most 18 of them)."""
     if not name.startswith(base + "."):
         return None
     digits = name[len(base) + 1:]
-    return int(digits) if digits.isdigit() and len(digits) <= 18 else None
+    return int(digits) if _VALUE_RE.fullmatch(digits) else None
 
 
 def _top(names: Iterable[str], base: str) -> int | None:
