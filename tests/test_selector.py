@@ -142,7 +142,6 @@ def test_compiled_once_and_cached() -> None:
 
 
 @pytest.mark.parametrize(("text", "column", "words"), [
-    ("", 1, "empty"),
     ("a =", 4, "expected a value"),
     ("a = 'open", 5, "not closed"),
     ("a != 1", 3, "<>"),

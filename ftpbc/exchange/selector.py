@@ -32,6 +32,20 @@ Types
     Strings and booleans compare with ``=`` and ``<>`` only.  Arithmetic with NULL or a
     non-number is NULL; integer division truncates toward zero (Java's ``long``), and an integer
     division by zero is NULL.  ``LIKE`` and ``IN`` of a value that is not a string are false.
+The empty selector
+    ``""`` (or only white space) is no selector, as in JMS: it selects every message.
+
+Cost
+    Selectors come from files anyone who can write to the exchange area may plant (subscription
+    markers), so compiling and evaluating one is bounded whatever its text.  Compiling refuses,
+    with a :class:`~ftpbc.errors.SelectorError` naming the limit, a selector longer than
+    :data:`MAX_SELECTOR_LENGTH` characters, nested deeper than :data:`MAX_DEPTH` (parentheses,
+    ``NOT`` and signs), or with an ``IN`` list of more than :data:`MAX_IN_LIST` values; it never
+    raises RecursionError.  Evaluation recurses no deeper than a small multiple of the nesting
+    depth and takes time linear in the selector's size times the length of the values it reads:
+    ``LIKE`` is matched without backtracking (see :class:`LikeMatcher`).  Arithmetic on exact
+    numbers is Python's (unbounded), not Java's 64-bit wrap-around, so its cost too is bounded
+    by the selector's length, not by a fixed width.
 """
 
 from __future__ import annotations
@@ -48,7 +62,15 @@ from typing import Any
 from ftpbc.errors import SelectorError
 from ftpbc.exchange.envelope import Headers, PropertyValue
 
-__all__ = ["HEADER_FIELDS", "Selector", "SelectorError", "compile_selector"]
+__all__ = ["HEADER_FIELDS", "MAX_DEPTH", "MAX_IN_LIST", "MAX_SELECTOR_LENGTH", "LikeMatcher", "Selector",
+           "SelectorError", "compile_selector"]
+
+#: the longest selector compiled, in characters (white space included)
+MAX_SELECTOR_LENGTH = 16 * 1024
+#: the deepest nesting compiled: each parenthesis, NOT and sign inside another counts one level
+MAX_DEPTH = 32
+#: the most values an IN list may have
+MAX_IN_LIST = 1000
 
 Value = Any  # bool | int | float | str | None
 Fn = Callable[[Headers, Mapping[str, PropertyValue]], Value]
@@ -346,32 +368,46 @@ def _float_div(a: float, b: float) -> float:
     return a / b
 
 
-def _arith(op: str, fa: Fn, fb: Fn) -> Fn:
+def _divide(a: Value, b: Value) -> Value:
+    ta, tb = type(a), type(b)
+    if ta is int and tb is int:
+        return _int_div(a, b)
+    if ta in _NUM and tb in _NUM:
+        return _float_div(float(a), float(b))
+    return None
+
+
+def _operation(op: str) -> Callable[[Value, Value], Value]:
+    """JMS arithmetic ``a op b`` on two values: NULL unless both are numbers."""
     if op == "/":
-        def div(h: Headers, p: Mapping[str, PropertyValue]) -> Value:
-            a = fa(h, p)
-            b = fb(h, p)
-            ta, tb = type(a), type(b)
-            if ta is int and tb is int:
-                return _int_div(a, b)
-            if ta in _NUM and tb in _NUM:
-                return _float_div(float(a), float(b))
-            return None
-        return div
+        return _divide
     f = {"+": operator.add, "-": operator.sub, "*": operator.mul}[op]
 
-    def arith(h: Headers, p: Mapping[str, PropertyValue]) -> Value:
-        a = fa(h, p)
-        if type(a) not in _NUM:
-            return None
-        b = fb(h, p)
-        if type(b) not in _NUM:
+    def operation(a: Value, b: Value) -> Value:
+        if type(a) not in _NUM or type(b) not in _NUM:
             return None
         try:
             return f(a, b)
         except OverflowError:
             return None
-    return arith
+    return operation
+
+
+def _arith(first: Fn, rest: list[tuple[str, Fn]]) -> Fn:
+    """``first op1 f1 op2 f2 ...`` left to right, in a loop: a long chain of operators costs
+    no deeper a recursion than one of them."""
+    if len(rest) == 1:
+        (op, second), = rest
+        operation = _operation(op)
+        return lambda h, p: operation(first(h, p), second(h, p))
+    steps = [(_operation(op), fn) for op, fn in rest]
+
+    def chain(h: Headers, p: Mapping[str, PropertyValue]) -> Value:
+        a = first(h, p)
+        for operation, fn in steps:
+            a = operation(a, fn(h, p))
+        return a
+    return chain
 
 
 def _negate(fn: Fn) -> Fn:
@@ -429,32 +465,136 @@ def _in(fx: Fn, values: list[Value], negate: bool) -> Fn:
     return in_values
 
 
-def like_regex(pattern: str, escape: str | None) -> re.Pattern[str]:
-    """The regular expression of a LIKE pattern (``_`` one character, ``%`` any run);
-    ValueError for an escape character followed by anything but ``_``, ``%`` or itself."""
-    out = []
-    i = 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if escape is not None and ch == escape:
-            if i + 1 >= len(pattern) or pattern[i + 1] not in ("_", "%", escape):
-                raise ValueError(f"the escape character {escape!r} must be followed by _, % or itself")
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
-            continue
-        out.append("." if ch == "_" else ".*" if ch == "%" else re.escape(ch))
-        i += 1
-    return re.compile("".join(out), re.DOTALL)
+@dataclass(frozen=True)
+class _Segment:
+    """A run of a LIKE pattern between two ``%``: its length in characters, its literal pieces
+    (offset in the run, text) between the ``_`` that stand for any one character, and, for a
+    run with a ``_``, the bit masks of a Shift-And search (bit ``j`` of ``masks[ch]`` set when
+    the run's character ``j`` is ``ch`` or ``_``; ``wild`` for characters it does not name)."""
+
+    length: int
+    pieces: tuple[tuple[int, str], ...]
+    masks: Mapping[str, int]
+    wild: int
+
+    def at(self, s: str, i: int) -> bool:
+        """Whether the run matches ``s`` at index ``i`` (False if it runs past the end)."""
+        if i + self.length > len(s):
+            return False
+        return all(s.startswith(text, i + offset) for offset, text in self.pieces)
+
+    def find(self, s: str, start: int, end: int) -> int:
+        """The first index ``i >= start`` where the run matches and ends at or before ``end``; -1.
+
+        A run without ``_`` is one ``str.find``.  A run with one is searched for by Shift-And:
+        one pass over ``s[start:end]``, one shift and one mask per character (integers of the
+        run's length in bits), whatever the run and the text hold.
+        """
+        last = end - self.length  # the last index the run may start at
+        if last < start:
+            return -1
+        if not self.pieces:  # only ``_``: any index with room for it
+            return start
+        if not self.masks:  # one literal piece, the whole run
+            return s.find(self.pieces[0][1], start, end)
+        masks, wild = self.masks, self.wild
+        hit = 1 << (self.length - 1)
+        state = 0  # bit j: the run's first j + 1 characters end at the current index
+        for i in range(start, end):
+            state = ((state << 1) | 1) & masks.get(s[i], wild)
+            if state & hit:
+                return i + 1 - self.length
+        return -1
 
 
-def _like(fx: Fn, regex: re.Pattern[str], negate: bool) -> Fn:
-    match = regex.fullmatch
+def _segment(run: list[str | None]) -> _Segment:
+    """The segment of a run of characters, None standing for ``_``."""
+    pieces: list[tuple[int, str]] = []
+    current: list[str] = []
+    for i, ch in enumerate(run):
+        if ch is None:
+            if current:
+                pieces.append((i - len(current), "".join(current)))
+                current = []
+        else:
+            current.append(ch)
+    if current:
+        pieces.append((len(run) - len(current), "".join(current)))
+    if None not in run:
+        return _Segment(len(run), tuple(pieces), {}, 0)
+    wild = sum(1 << j for j, ch in enumerate(run) if ch is None)
+    masks: dict[str, int] = {}
+    for j, ch in enumerate(run):
+        if ch is not None:
+            masks[ch] = masks.get(ch, wild) | 1 << j
+    return _Segment(len(run), tuple(pieces), masks, wild)
 
+
+class LikeMatcher:
+    """A compiled LIKE pattern (``_`` any one character, ``%`` any run of them, ``escape``
+    before either or itself: that character); ValueError for an escape character followed by
+    anything else.
+
+    Matching does not backtrack: the pattern is split on ``%`` into runs of fixed length; the
+    first must match at the start of the value, the last at its end, and each one between is
+    placed at its leftmost match after the previous one (the leftmost placement never loses a
+    match another placement would find, since it leaves the most room for the rest).  Each run
+    is searched for once, from where the previous one ended (see :meth:`_Segment.find`): a
+    match is linear in the value's length for a given pattern, with no input that makes it
+    try again what it has tried.  Case-sensitive, by code point, as JMS compares strings.
+    """
+
+    __slots__ = ("_first", "_last", "_middle", "_min_length", "_single")
+
+    def __init__(self, pattern: str, escape: str | None = None) -> None:
+        runs: list[list[str | None]] = [[]]
+        i = 0
+        while i < len(pattern):
+            ch = pattern[i]
+            if escape is not None and ch == escape:
+                if i + 1 >= len(pattern) or pattern[i + 1] not in ("_", "%", escape):
+                    raise ValueError(f"the escape character {escape!r} must be followed by _, % or itself")
+                runs[-1].append(pattern[i + 1])
+                i += 2
+                continue
+            if ch == "%":
+                runs.append([])
+            else:
+                runs[-1].append(None if ch == "_" else ch)
+            i += 1
+        segments = [_segment(r) for r in runs]
+        self._single = len(segments) == 1
+        self._first = segments[0]
+        self._last = segments[-1]
+        # Runs between two % that are empty (%% or a leading or trailing %) match anywhere.
+        self._middle = tuple(seg for seg in segments[1:-1] if seg.length)
+        self._min_length = sum(seg.length for seg in segments)
+
+    def __call__(self, s: str) -> bool:
+        """Whether ``s`` matches the whole pattern."""
+        first = self._first
+        if self._single:
+            return len(s) == first.length and first.at(s, 0)
+        if len(s) < self._min_length or not first.at(s, 0):
+            return False
+        end = len(s) - self._last.length
+        if not self._last.at(s, end):
+            return False
+        pos = first.length
+        for seg in self._middle:
+            i = seg.find(s, pos, end)
+            if i < 0:
+                return False
+            pos = i + seg.length
+        return True
+
+
+def _like(fx: Fn, matcher: LikeMatcher, negate: bool) -> Fn:
     def like(h: Headers, p: Mapping[str, PropertyValue]) -> Value:
         x = fx(h, p)
         if x is None:
             return None
-        r = type(x) is str and match(x) is not None
+        r = type(x) is str and matcher(x)
         return (not r) if negate else r
     return like
 
@@ -486,8 +626,23 @@ class _Parser:
 
     def __init__(self, text: str) -> None:
         self.text = text
+        if len(text) > MAX_SELECTOR_LENGTH:
+            raise SelectorError(text[:60] + "...", MAX_SELECTOR_LENGTH + 1,
+                                f"a selector is at most {MAX_SELECTOR_LENGTH} characters "
+                                f"(MAX_SELECTOR_LENGTH), this one has {len(text)}")
         self.toks = _tokens(text)
         self.i = 0
+        #: how many parentheses, NOTs and signs enclose the token being parsed
+        self.depth = 0
+
+    def deeper(self, tok: _Tok) -> None:
+        """One more level of nesting at ``tok``; SelectorError beyond MAX_DEPTH.  The parser
+        recurses a fixed number of frames per level, so this bounds its recursion, and so the
+        depth of the compiled tree of closures."""
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise self.error(f"the selector nests deeper than {MAX_DEPTH} levels (MAX_DEPTH: parentheses, "
+                             "NOT and signs inside one another)", tok)
 
     # helpers
 
@@ -532,8 +687,8 @@ class _Parser:
     # the grammar
 
     def parse(self) -> Fn:
-        if self.at("end"):
-            raise self.error("the selector is empty")
+        if self.at("end"):  # empty or white space: no selector (JMS), every message
+            return _const(True)
         node = self.condition()
         if not self.at("end"):
             raise self.error(f"expected AND, OR or the end of the selector, found {self.found()}")
@@ -562,7 +717,10 @@ class _Parser:
     def not_(self) -> _Node:
         if self.at("keyword", "NOT"):
             t = self.advance()
-            return _Node(_not(self.condition_of(self.not_(), "the operand of NOT")), "bool", t.column)
+            self.deeper(t)
+            operand = self.condition_of(self.not_(), "the operand of NOT")
+            self.depth -= 1
+            return _Node(_not(operand), "bool", t.column)
         return self.predicate()
 
     def predicate(self) -> _Node:
@@ -594,12 +752,14 @@ class _Parser:
             self.numeric(hi, "BETWEEN")
             return _Node(_between(left.fn, lo.fn, hi.fn, negate), "bool", left.column)
         if self.at("keyword", "IN"):
-            t = self.advance()
+            self.advance()
             self.identifier_only(left, "IN")
             self.expect("op", "(", "( after IN")
             values = [self.literal("IN")]
             while self.at("op", ","):
-                self.advance()
+                comma = self.advance()
+                if len(values) == MAX_IN_LIST:
+                    raise self.error(f"an IN list has at most {MAX_IN_LIST} values (MAX_IN_LIST)", comma)
                 values.append(self.literal("IN"))
             self.expect("op", ")", ", or ) in the IN list")
             return _Node(_in(left.fn, values, negate), "bool", left.column)
@@ -619,10 +779,10 @@ class _Parser:
                 self.advance()
                 escape = esc.value
             try:
-                regex = like_regex(pattern_tok.value, escape)
+                matcher = LikeMatcher(pattern_tok.value, escape)
             except ValueError as exc:
                 raise self.error(str(exc), pattern_tok) from None
-            return _Node(_like(left.fn, regex, negate), "bool", left.column)
+            return _Node(_like(left.fn, matcher, negate), "bool", left.column)
         if negate:
             raise self.error("expected BETWEEN, IN or LIKE after NOT")
         if self.at("keyword", "IS"):
@@ -666,33 +826,34 @@ class _Parser:
         raise self.error(f"expected a literal in the {where} list, found {self.found()}")
 
     def sum_(self) -> _Node:
-        left = self.product()
-        while self.at("op", "+") or self.at("op", "-"):
-            op = self.advance()
-            right = self.product()
-            left = self.arith(op, left, right)
-        return left
+        return self.chain(("+", "-"), self.product)
 
     def product(self) -> _Node:
-        left = self.unary()
-        while self.at("op", "*") or self.at("op", "/"):
-            op = self.advance()
-            right = self.unary()
-            left = self.arith(op, left, right)
-        return left
+        return self.chain(("*", "/"), self.unary)
 
-    def arith(self, op: _Tok, left: _Node, right: _Node) -> _Node:
-        for side in (left, right):
-            if side.kind in ("str", "bool"):
-                what = "string" if side.kind == "str" else "condition"
-                raise self.error(f"{op.text} needs numbers, not a {what}", self._at_column(side.column))
-        return _Node(_arith(op.text, left.fn, right.fn), "num", left.column)
+    def chain(self, ops: tuple[str, str], operand: Callable[[], _Node]) -> _Node:
+        """``operand { op operand }``, left-associative, compiled into one loop."""
+        first = operand()
+        rest: list[tuple[str, Fn]] = []
+        while self.at("op", ops[0]) or self.at("op", ops[1]):
+            op = self.advance()
+            right = operand()
+            for side in (first, right) if not rest else (right,):
+                if side.kind in ("str", "bool"):
+                    what = "string" if side.kind == "str" else "condition"
+                    raise self.error(f"{op.text} needs numbers, not a {what}", self._at_column(side.column))
+            rest.append((op.text, right.fn))
+        if not rest:
+            return first
+        return _Node(_arith(first.fn, rest), "num", first.column)
 
     def unary(self) -> _Node:
         t = self.tok
         if t.kind == "op" and t.text in ("+", "-"):
             self.advance()
+            self.deeper(t)
             operand = self.unary()
+            self.depth -= 1
             if operand.kind in ("str", "bool"):
                 raise self.error(f"unary {t.text} needs a number", t)
             if operand.literal:
@@ -729,8 +890,10 @@ class _Parser:
             return _Node(_identifier(name), "any", t.column, ident=name)
         if t.kind == "op" and t.text == "(":
             self.advance()
+            self.deeper(t)
             inner = self.condition()
             self.expect("op", ")", ")")
+            self.depth -= 1
             return _Node(inner.fn, inner.kind, t.column, inner.literal, inner.const)
         raise self.error(f"expected a value, a name or (, found {self.found()}")
 
