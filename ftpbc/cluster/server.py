@@ -215,6 +215,10 @@ class FirstSeen:
                 first = self._seen[key] = now
             return first
 
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._seen.pop(key, None)
+
     def keep(self, keys: Iterable[str]) -> None:
         """Forget every claim but ``keys`` (those still in sight)."""
         wanted = set(keys)
@@ -327,9 +331,12 @@ class ServerCoordination(Coordination):
         it.  A time in the future by more than :data:`CLOCK_SLACK` was not given by a beat (an
         mtime set by hand, a forged line): it counts as written when this process first saw it,
         so it goes stale after the lease like any other beat, however far ahead it claims to be.
-        A node that beats again gives its file a new time, which is judged afresh."""
+        A node that beats again gives its file a time that is not in the future, which ends the
+        count.  Counted per node, not per time claimed: a listing and a stat may show the same
+        file's time differently (a listing's date alone, for a date far ahead)."""
         if stamp > now + CLOCK_SLACK:
-            return now - self._future_beats.at(f"{node_id}@{stamp!r}", now)
+            return now - self._future_beats.at(node_id, now)
+        self._future_beats.forget(node_id)
         return max(now - stamp, 0.0)
 
     def _written_at(self, node_id: str) -> float:
