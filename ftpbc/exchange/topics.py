@@ -40,7 +40,7 @@ from ftpbc.config.topics import (
     TopicConfig,
     check_subscription_name,
 )
-from ftpbc.errors import ConfigError, FtpbcError, NotFound, ReadPastSize
+from ftpbc.errors import ConfigError, FtpbcError, NotFound, ReadPastSize, SelectorError
 from ftpbc.exchange.area import ExchangeArea, claim_name
 from ftpbc.exchange.bounds import BoundedSink
 from ftpbc.exchange.layout import AreaLayout, Candidate, Outbound
@@ -250,22 +250,33 @@ class Registry:
                 if self._taken >= not_before:
                     return self._snapshot
             began = time.monotonic()
-            targets = [Target(s, self._selector(s)) for s in self.subscriptions()]
+            subs = self.subscriptions()
+            targets = [Target(s, self._selector(s)) for s in subs]
+            # Only the selectors of markers still there are kept: markers planted and removed
+            # over and over do not grow the cache, and one that stays is still logged once.
+            kept = {s.selector for s in subs}
+            self._selectors = {text: sel for text, sel in self._selectors.items() if text in kept}
             with self._lock:
                 self._snapshot, self._taken = targets, began
             return targets
 
     def _selector(self, s: Subscription) -> Selector | None:
-        if s.selector is None:
+        """The compiled selector of ``s`` (None: every message); a selector that does not
+        compile (too long, too deep, malformed) selects nothing and is logged once."""
+        if s.selector is None or not s.selector.strip():
             return None
         if s.selector not in self._selectors:
             try:
                 self._selectors[s.selector] = compile_selector(s.selector)
             except FtpbcError as exc:
-                # A marker written by hand or by another version: better no copies than wrong ones.
-                log.warning("%s/%s: selector %r does not compile (%s): the subscription gets nothing",
-                            self.topic, s.name, s.selector, exc)
-                self._selectors[s.selector] = compile_selector("FALSE")
+                # A marker written by hand, by another version or by someone hostile: better no
+                # copies than wrong ones, and the topic's other subscriptions go on.  The text
+                # is cut short: a refused selector may be as long as the marker.
+                problem = (f"column {exc.column}: {exc.problem}" if isinstance(exc, SelectorError)
+                           else str(exc))
+                log.warning("%s/%s: selector %s does not compile (%s): the subscription gets nothing",
+                            self.topic, s.name, _shortened(repr(s.selector)), _shortened(problem))
+                self._selectors[s.selector] = _NOTHING
         return self._selectors[s.selector]
 
     def marker(self, name: str) -> str:
@@ -369,6 +380,15 @@ class Registry:
                 except NotFound:
                     pass
         return removed
+
+
+#: what a subscription whose selector does not compile selects
+_NOTHING = compile_selector("FALSE")
+
+
+def _shortened(text: str, limit: int = 200) -> str:
+    """``text`` cut to ``limit`` characters for a log line."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _next_millisecond(t: datetime) -> datetime:
