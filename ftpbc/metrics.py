@@ -24,6 +24,7 @@ This module imports nothing of ftpbc, so any layer may report to an observer.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -31,6 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socketserver import BaseServer
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -258,6 +261,124 @@ class ClientMetrics(ClientObserver):
 
 # ---------------------------------------------------------------------------- HTTP
 
+#: seconds a connection has to send its whole request, and for each read and write after
+HTTP_TIMEOUT = 5.0
+#: connections served at once, each on a thread of its own
+HTTP_MAX_CONNECTIONS = 64
+#: seconds a new connection waits for a slot freed by closing the oldest one still reading
+_SLOT_WAIT = 1.0
+
+
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A threading HTTP server that holds at most ``max_connections`` threads and gives each
+    connection ``timeout`` seconds to send its request.
+
+    Guaranteed: at most ``max_connections`` handler threads at any time; a connection that has
+    not sent its whole request ``timeout`` seconds after it was accepted (silent, or trickling a
+    byte at a time) is closed within a poll interval after that; each read and write times out
+    after ``timeout`` seconds without progress.  When every slot is taken, a new connection
+    closes the connection that has been waiting longest for its request to arrive, so clients
+    that send their request at once are served while idle connections pile up; if every slot
+    is busy answering, the new one gets a 503 and is closed.  Not guaranteed: any share of the
+    slots to one client, or service under a flood faster than connections can be accepted.
+    """
+
+    daemon_threads = True
+    # a backlog to absorb a burst of connections while the accept loop closes idle ones
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], *,
+                 max_connections: int = HTTP_MAX_CONNECTIONS, timeout: float = HTTP_TIMEOUT) -> None:
+        self.max_connections = max_connections
+        self.request_timeout = timeout
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._lock = threading.Lock()
+        #: open connections -> time.monotonic() each was accepted, None once its request arrived
+        self._open: dict[socket.socket, float | None] = {}
+        #: connections refused for want of a slot (for tests and logs)
+        self.refused = 0
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self._close_oldest_reading()
+            if not self._slots.acquire(timeout=_SLOT_WAIT):
+                self._refuse(request)
+                return
+        with self._lock:
+            self._open[request] = time.monotonic()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._finished(request)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._finished(request)
+
+    def request_arrived(self, request: Any) -> None:
+        """The handler read the request on ``request``: it no longer counts as waiting."""
+        with self._lock:
+            if request in self._open:
+                self._open[request] = None
+
+    def service_actions(self) -> None:
+        # Called by serve_forever at least every poll interval: the deadline of connections
+        # that trickle their request, which the per-read timeout alone does not end.
+        deadline = time.monotonic() - self.request_timeout
+        with self._lock:
+            late = [conn for conn, accepted in self._open.items()
+                    if accepted is not None and accepted < deadline]
+            for conn in late:
+                self._open[conn] = None  # hung up once
+        for conn in late:
+            _hang_up(conn)
+
+    def server_close(self) -> None:
+        super().server_close()
+        # Handler threads are daemons, not joined: hanging up ends the ones still reading now.
+        with self._lock:
+            conns = list(self._open)
+        for conn in conns:
+            _hang_up(conn)
+
+    def _finished(self, request: Any) -> None:
+        with self._lock:
+            self._open.pop(request, None)
+        self._slots.release()
+
+    def _close_oldest_reading(self) -> None:
+        with self._lock:
+            reading = [(accepted, n, conn) for n, (conn, accepted) in enumerate(self._open.items())
+                       if accepted is not None]
+            oldest = min(reading)[2] if reading else None
+            if oldest is not None:
+                self._open[oldest] = None  # hung up once; its thread frees the slot as it ends
+        if oldest is not None:
+            _hang_up(oldest)
+
+    def _refuse(self, request: Any) -> None:
+        self.refused += 1
+        try:
+            # Non-blocking: the accept loop never waits on a client.
+            request.setblocking(False)
+            request.send(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                         b"Connection: close\r\n\r\n")
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+
+def _hang_up(conn: socket.socket) -> None:
+    """Wake the thread reading ``conn``: the read returns end-of-file and the handler ends."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # closed meanwhile
+
 
 @dataclass
 class HttpServer:
@@ -287,15 +408,24 @@ class HttpServer:
 
 def serve_http(registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0, *,
                not_ready: Callable[[], list[str]] | None = None,
-               before_scrape: Callable[[], None] | None = None, name: str = "metrics") -> HttpServer:
+               before_scrape: Callable[[], None] | None = None, name: str = "metrics",
+               max_connections: int = HTTP_MAX_CONNECTIONS, timeout: float = HTTP_TIMEOUT) -> HttpServer:
     """Serve ``registry`` on ``host:port`` (0: any free port) from a daemon thread.
 
     ``/metrics``: the registry (``before_scrape`` called first); ``/healthz``: 200 while the
     process answers; ``/readyz``: 503 naming what ``not_ready`` returns, 200 when it returns
-    nothing (or there is no such check).  OSError when the port cannot be bound."""
+    nothing (or there is no such check).  OSError when the port cannot be bound.  Slow or idle
+    clients hold no more than ``max_connections`` threads, each for at most ``timeout``
+    seconds before their request arrives (:class:`BoundedHTTPServer`)."""
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "ftpbc"
+        def parse_request(self) -> bool:
+            parsed = super().parse_request()  # the request line was read; this reads the headers
+            server: BaseServer = self.server
+            if isinstance(server, BoundedHTTPServer):
+                server.request_arrived(self.request)
+            return parsed
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -322,8 +452,10 @@ def serve_http(registry: CollectorRegistry, host: str = "127.0.0.1", port: int =
         def log_message(self, format: str, *args: object) -> None:
             log.debug("%s %s", self.address_string(), format % args)
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
+    # Each read and write of a connection (StreamRequestHandler puts it on the socket); set
+    # here, as a class body cannot read this function's parameter of the same name.
+    Handler.timeout = timeout
+    server = BoundedHTTPServer((host, port), Handler, max_connections=max_connections, timeout=timeout)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name=name,
                               daemon=True)
     thread.start()
