@@ -76,3 +76,22 @@ def test_planted_hostile_selectors_neither_stop_nor_slow_the_topic(
     # one line each, cut short: not the marker's whole selector
     assert all(len(r.getMessage()) < 1000 for r in caplog.records if "does not compile" in r.getMessage())
     node.stop(drain_timeout=5)
+
+
+def test_the_empty_selector_is_no_selector_for_subscriptions_and_receivers(
+        local_server: ServerHandle, tmp_path: Path, started: Started) -> None:
+    from ftpbc.cli.queues import _selector
+
+    base = local_server.fresh_dir()
+    config = config_for(local_server, tmp_path, "hostile-2", base)
+    client = started.add(Client(config.with_node_id("hostile-2.client0"), connections=2))
+    sub, made = client.create_subscription(TOPIC, "blank", selector=" ")
+    assert made and sub.selector is None
+    # the same subscription, resumed: not "exists with another selector"
+    assert client.create_subscription(TOPIC, "blank", selector="")[1] is False
+    started.add(Node(config)).start()
+    client.publish(TOPIC, b"one", properties={"region": "eu"})
+    delivery = client.receive(f"{TOPIC}/blank", timeout=20, selector="")
+    assert delivery is not None and delivery.body == b"one"
+    # `ftpbc dlq purge --selector ""` selects nothing by itself: IDs or --all are still needed
+    assert _selector("") is None and _selector("  ") is None

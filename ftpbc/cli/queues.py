@@ -38,7 +38,8 @@ def _client(config_path: str, node_id: str | None) -> Iterator[Client]:
 
 
 def _selector(text: str | None) -> Selector | None:
-    if text is None:
+    if text is None or not text.strip():
+        # "" is no selector, as in JMS: `dlq purge --selector ""` still needs IDs or --all
         return None
     from ftpbc.exchange.selector import compile_selector
 

@@ -303,6 +303,8 @@ class Registry:
         its created time kept).
         """
         check_subscription_name(name)
+        if selector is not None and not selector.strip():
+            selector = None  # the empty selector is no selector (JMS)
         if selector is not None:
             compile_selector(selector)  # SelectorError before anything is written
         existing = self.get(name)
