@@ -393,13 +393,32 @@ def _operation(op: str) -> Callable[[Value, Value], Value]:
     return operation
 
 
+def _binary(op: str, fa: Fn, fb: Fn) -> Fn:
+    """``fa op fb``: the commonest shape, its tests inline."""
+    if op == "/":
+        return lambda h, p: _divide(fa(h, p), fb(h, p))
+    f = {"+": operator.add, "-": operator.sub, "*": operator.mul}[op]
+
+    def arith(h: Headers, p: Mapping[str, PropertyValue]) -> Value:
+        a = fa(h, p)
+        if type(a) not in _NUM:
+            return None
+        b = fb(h, p)
+        if type(b) not in _NUM:
+            return None
+        try:
+            return f(a, b)
+        except OverflowError:
+            return None
+    return arith
+
+
 def _arith(first: Fn, rest: list[tuple[str, Fn]]) -> Fn:
     """``first op1 f1 op2 f2 ...`` left to right, in a loop: a long chain of operators costs
     no deeper a recursion than one of them."""
     if len(rest) == 1:
         (op, second), = rest
-        operation = _operation(op)
-        return lambda h, p: operation(first(h, p), second(h, p))
+        return _binary(op, first, second)
     steps = [(_operation(op), fn) for op, fn in rest]
 
     def chain(h: Headers, p: Mapping[str, PropertyValue]) -> Value:
@@ -477,6 +496,13 @@ class _Segment:
     masks: Mapping[str, int]
     wild: int
 
+    @property
+    def literal(self) -> str | None:
+        """The run's text when it has no ``_``, else None."""
+        if self.masks or self.wild:
+            return None
+        return self.pieces[0][1] if self.pieces else ""
+
     def at(self, s: str, i: int) -> bool:
         """Whether the run matches ``s`` at index ``i`` (False if it runs past the end)."""
         if i + self.length > len(s):
@@ -544,7 +570,7 @@ class LikeMatcher:
     try again what it has tried.  Case-sensitive, by code point, as JMS compares strings.
     """
 
-    __slots__ = ("_first", "_last", "_middle", "_min_length", "_single")
+    __slots__ = ("match",)
 
     def __init__(self, pattern: str, escape: str | None = None) -> None:
         runs: list[list[str | None]] = [[]]
@@ -562,39 +588,53 @@ class LikeMatcher:
             else:
                 runs[-1].append(None if ch == "_" else ch)
             i += 1
-        segments = [_segment(r) for r in runs]
-        self._single = len(segments) == 1
-        self._first = segments[0]
-        self._last = segments[-1]
-        # Runs between two % that are empty (%% or a leading or trailing %) match anywhere.
-        self._middle = tuple(seg for seg in segments[1:-1] if seg.length)
-        self._min_length = sum(seg.length for seg in segments)
+        #: whether a string matches the whole pattern
+        self.match: Callable[[str], bool] = _matcher([_segment(r) for r in runs])
 
     def __call__(self, s: str) -> bool:
         """Whether ``s`` matches the whole pattern."""
-        first = self._first
-        if self._single:
-            return len(s) == first.length and first.at(s, 0)
-        if len(s) < self._min_length or not first.at(s, 0):
+        return self.match(s)
+
+
+def _matcher(segments: list[_Segment]) -> Callable[[str], bool]:
+    first, last = segments[0], segments[-1]
+    if len(segments) == 1:
+        if first.literal is not None:
+            text = first.literal
+            return lambda s: s == text
+        length = first.length  # no % to stretch: the whole value is the run
+        return lambda s: len(s) == length and first.at(s, 0)
+    # Runs between two % that are empty (%% or a leading or trailing %) match anywhere.
+    middle = tuple(seg for seg in segments[1:-1] if seg.length)
+    min_length = sum(seg.length for seg in segments)
+    if not middle and first.literal is not None and last.literal is not None:
+        prefix, suffix = first.literal, last.literal
+        return lambda s: len(s) >= min_length and s.startswith(prefix) and s.endswith(suffix)
+
+    def match(s: str) -> bool:
+        if len(s) < min_length or not first.at(s, 0):
             return False
-        end = len(s) - self._last.length
-        if not self._last.at(s, end):
+        end = len(s) - last.length
+        if not last.at(s, end):
             return False
         pos = first.length
-        for seg in self._middle:
+        for seg in middle:
             i = seg.find(s, pos, end)
             if i < 0:
                 return False
             pos = i + seg.length
         return True
+    return match
 
 
 def _like(fx: Fn, matcher: LikeMatcher, negate: bool) -> Fn:
+    match = matcher.match
+
     def like(h: Headers, p: Mapping[str, PropertyValue]) -> Value:
         x = fx(h, p)
         if x is None:
             return None
-        r = type(x) is str and matcher(x)
+        r = type(x) is str and match(x)
         return (not r) if negate else r
     return like
 
