@@ -107,6 +107,26 @@ def test_a_forged_lock_name_is_taken_over_within_lock_expiry(nodes: Nodes, forge
     assert cross(nodes("node-c")).acquire(0)
 
 
+def test_a_lock_file_deleted_under_its_marker_is_replaced(nodes: Nodes,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    maker = cross(nodes("node-a"))
+    assert maker.acquire(0)
+    maker.release()
+    [free] = [n for n in nodes.files("locks", "echo") if n.startswith("lock.")]
+    nodes.local("locks", "echo", free).unlink()  # its marker stays: "in use, out of sight"
+
+    lb = cross(nodes("node-b"))
+    caplog.set_level(logging.WARNING, logger="ftpbc.cluster")
+    assert not lb.acquire(0)
+    wait_until(lambda: lb.acquire(0), timeout=EXPIRY + CLOCK_SLACK + 8, interval=0.05,
+               what="node-b to replace the lost token")
+    files = nodes.files("locks", "echo")
+    assert f"token.{free[5:]}" not in files and len(files) == 2, files
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and f"token {free[5:]} is gone" in warnings[0], warnings
+    lb.release()
+
+
 # ---------------------------------------------------------------------- heartbeats
 
 def test_a_heartbeat_from_the_future_dies_after_the_lease(nodes: Nodes) -> None:

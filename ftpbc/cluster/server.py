@@ -61,7 +61,8 @@ What is written there is not trusted
     believed up to ``lock_expiry`` (plus :data:`CLOCK_SLACK`) past the moment this process
     first saw that name, and a name that is no held name of a node (``lock.<id>`` and anything
     else) is held by nobody known, so a lock nobody renews is taken over within that bound,
-    with one warning naming the holder.  A heartbeat time further in the future than the slack
+    with one warning naming the holder; a marker whose lock file stays out of sight as long
+    is removed, and a new token replaces it.  A heartbeat time further in the future than the slack
     counts as written when first seen, so it dies after the lease.  A sequence value is only
     ``<name>.<N>`` with N in decimal, no leading zero, at most 18 digits; a sequence whose
     value file stays out of sight for seconds, or at its largest value, fails its draws with a
@@ -118,6 +119,8 @@ CLOCK_SLACK = 2.0
 
 _TOKEN_RE = re.compile(r"lock\.([0-9a-f]{6,32})(?:~([A-Za-z0-9._-]{1,64})\+([0-9a-f]{1,16})~(\d{1,16}))?")
 _TOKEN_ID_RE = re.compile(r"[0-9a-f]{6,32}")
+#: a token's lock file missing from this many listings in a row (and for lock_expiry) is gone
+LOST_LISTINGS = 3
 #: a lock file of a token under a name no node writes (renamed by hand, or by an attacker)
 _GARBLED_RE = re.compile(r"lock\.([0-9a-f]{6,32})([^0-9a-f].*)", re.DOTALL)
 _SAFE_KEY_RE = re.compile(r"[^A-Za-z0-9._-]")
@@ -528,7 +531,8 @@ class ServerLock:
         self._alone: set[str] = set()   # tokens a listing has shown alone since their creation
         self._mutex = threading.Lock()  # between the holder's release and the renewer
         self._warned: str | None = None
-        self._seen = FirstSeen(limit=64)  # held names whose expiry this process could not believe
+        self._seen = FirstSeen()  # held names whose expiry this process could not believe, lost files
+        self._unseen: dict[str, int] = {}  # marked tokens: listings in a row without their file
 
     # ------------------------------------------------------------------ CrossLock
 
@@ -595,8 +599,37 @@ class ServerLock:
             elif (t := Token.parse(e.name)) is not None:
                 movers[t.id] = t
         movers = {i: t for i, t in movers.items() if i in marked}
-        self._seen.keep(t.name for t in movers.values())
+        self._seen.keep([t.name for t in movers.values()] + [f"token.{i}" for i in marked - movers.keys()])
         return marked, movers
+
+    def _lost_files(self, unseen: set[str]) -> set[str]:
+        """Of the marked tokens whose lock file this listing did not show, those whose file is
+        gone: out of sight in :data:`LOST_LISTINGS` listings in a row over ``lock_expiry`` plus
+        :data:`CLOCK_SLACK` (a rename hides a file for milliseconds; this one was deleted, or
+        renamed to a name that is no lock file).  Their markers are deleted, so that a new token
+        replaces them, rather than the key waiting for a file that never comes back."""
+        for i in list(self._unseen):
+            if i not in unseen:
+                del self._unseen[i]
+        now = self.c.clock.now()
+        lost: set[str] = set()
+        for i in sorted(unseen):
+            self._unseen[i] = self._unseen.get(i, 0) + 1
+            first = self._seen.at(f"token.{i}", now)
+            if self._unseen[i] < LOST_LISTINGS or now - first <= self.c.lock_expiry + CLOCK_SLACK:
+                continue
+            try:
+                self.c.transport.delete(f"{self.dir}/token.{i}")
+            except NotFound:
+                pass  # another node removed it
+            except FtpbcError as exc:
+                log.warning("%s: cannot remove token.%s, whose lock file is gone: %s", self.dir, i, exc)
+                continue
+            log.warning("%s: the lock file of token %s is gone (in no listing for %.0f s): "
+                        "removed its marker, a new token replaces it", self.dir, i, now - first)
+            del self._unseen[i]
+            lost.add(i)
+        return lost
 
     def _expiry(self, t: Token, now: float) -> float:
         """When held token ``t`` expires, on the server's clock: the expiry its name says, but
@@ -614,6 +647,7 @@ class ServerLock:
 
     def _from_listing(self) -> bool:
         marked, movers = self._scan()
+        marked -= self._lost_files(marked - movers.keys())
         if not marked:
             token = secrets.token_hex(8)
             self.c.put_bytes(f"{self.dir}/lock.{token}", b"")
