@@ -58,9 +58,8 @@ STALE_TRIES = 4
 #: first wait after a poll that found work; grows by IDLE_GROWTH per empty poll up to poll_interval
 FIRST_IDLE_WAIT = 0.002
 #: gentle, not doubling: while requests keep coming every few milliseconds, the wait after an
-#: empty poll stays near the gap between them (doubling let a request that came after three
-#: empty polls wait up to 16 ms for the next); an endpoint that goes idle still reaches
-#: poll_interval, after 15 to 28 empty polls (0.2 s in all at 50 ms, 4 s at 1 s)
+#: empty poll stays near the gap between them instead of overshooting it by as much again; an
+#: endpoint that goes idle still reaches poll_interval within a few dozen empty polls
 IDLE_GROWTH = 1.25
 #: seconds a handled item (waiting for its record's fsync and its commit) keeps its slot before
 #: a poller waiting for one may take it: a fast disk's fsync and the commit are done well within
@@ -164,9 +163,9 @@ class Poller:
         # Claimed work a node may hold: one claim per worker, none queued behind a busy worker
         # while another node's workers are idle, and refilled only once half of it is free while
         # work keeps coming.  A listing still serves many claims: what it found is remembered as
-        # the backlog (see Provider), so claiming less per poll costs polls, not listings.  (Twice
-        # the workers, as before, let one node of three take every one of 30 requests of 6
-        # callers once polls got cheap, while the other two idled.)
+        # the backlog (see Provider), so claiming less per poll costs polls, not listings.  (With
+        # twice the workers, cheap polls let one node take every request of a few callers while
+        # the other nodes idle.)
         self._capacity = config.workers
         self._refill_at = 1
         self._give_up_at = float("inf")
@@ -222,8 +221,7 @@ class Poller:
         # After a poll that found work, empty polls back off from FIRST_IDLE_WAIT up to
         # poll_interval instead of waiting a whole interval at once: a caller that sends its
         # next request as soon as it has the previous answer would otherwise wait a full
-        # poll_interval every time (measured: p50 1,063 ms at poll_interval 1 s, against 12 ms
-        # for a bare poller).  An endpoint idle for long still lists once per poll_interval.
+        # poll_interval every time.  An endpoint idle for long still lists once per poll_interval.
         idle_wait = self.config.poll_interval
         while not self._stop.is_set():
             found = self._guard.run(self.poll_once)  # never raises: logs, backs off, goes on
@@ -306,8 +304,8 @@ class Poller:
         """Under ``_in_flight_cv``, after a count changed: wake its waiters if one can go on.
 
         The poller waits for ``_refill_at`` free slots; waking it for every finished message
-        (twice per message, counting the slot it leaves before its commit) mostly had it check
-        and sleep again, a thread switch each time.  A stopping poller's drain is woken at every
+        (twice per message, counting the slot it leaves before its commit) would mostly have it
+        check and sleep again, a thread switch each time.  A stopping poller's drain is woken at every
         change.  No wake-up is lost: a waiter checks the counts, under the same lock, before it
         waits, and ``_refill_at`` changes only on the poller's own thread, before it waits.
         """
@@ -319,7 +317,7 @@ class Poller:
         written to the journal: only the record's fsync and the commit are left.  From then on
         its slot is the poller's for the asking once LEAVE_SLOT_AFTER has passed: a poller
         waiting for a free slot takes it (:meth:`_take_leavable`) and the job goes on on its
-        own thread, so a slow fsync no longer holds up the next claim (whose record joins the
+        own thread, so a slow fsync does not hold up the next claim (whose record joins the
         same fsync, or the one after it).  Handlers still run ``workers`` at most; at most
         ``workers`` items wait like this, so the pool's ``2 x workers`` threads always suffice
         and no claimed item ever queues.
@@ -327,7 +325,7 @@ class Poller:
         Not at once, nor unasked: a slot given up as soon as the record was written sends the
         next claim to another thread while this one commits, so a node answering a few callers
         runs up to twice as many threads as messages, all contending for the GIL, for commits
-        that take a few milliseconds (docs/benchmarks.md, "Fourth pass").
+        that are short anyway.
         A no-op outside a dispatched job (a message read in place is served on the poller's
         own thread, holding no slot).
         """
@@ -472,13 +470,13 @@ class Provider(Poller):
         """Claim up to ``free`` messages from the remembered backlog, listing the box if empty.
 
         The box is listed only when the remembered backlog of the last listing is used up (or
-        went stale): a listing of 10,000 entries costs 30-100 ms to fetch and parse, a claim a
+        went stale): a listing of a large box costs far more to fetch and parse than a claim, a
         single rename.  A remembered file another node took meanwhile is a lost race, one round
         trip; the poll then draws again from the backlog until it has its ``free`` claims, within
         STALE_TRIES x ``free`` attempts.  Nodes sharing a box each take most of what the others
-        remember (three quarters with four nodes), and dropping the backlog whenever most of a
-        batch was lost made every poll a full listing under the poll lock (4 nodes, lock: file:
-        0.45 of the lock-free floor).  A poll that wins nothing drops the backlog.
+        remember, so dropping the backlog whenever most of a batch was lost would make nearly
+        every poll a full listing under the poll lock.  A poll that wins nothing drops the
+        backlog.
         """
         lc = self.lifecycle
         if self.in_place:
@@ -589,8 +587,8 @@ class Provider(Poller):
         if backlog[window - 1].envelope.headers.priority != top:
             window = next(i for i, c in enumerate(backlog) if c.envelope.headers.priority != top)
             count = min(count, window)
-        # Only the window is touched (a deque): copying the rest of a 10,000-entry backlog on
-        # every poll was O(backlog) work per claim batch in the poller thread.
+        # Only the window is touched (a deque): copying the rest of a large backlog on every
+        # poll would be O(backlog) work per claim batch in the poller thread.
         head = [backlog.popleft() for _ in range(window)]
         chosen = set(random.sample(range(window), count))
         backlog.extendleft(reversed([entry for i, entry in enumerate(head) if i not in chosen]))
