@@ -105,7 +105,8 @@ READ_RETRY_FOR = 30.0
 READ_RETRY_FIRST = 0.05
 READ_RETRY_MAX = 2.0
 _TOKEN = re.compile(r"[A-Za-z0-9._-]{1,128}")
-#: a listing in the background gives the interpreter up every this many entries (about 1 ms)
+#: a listing in the background gives the interpreter up every this many entries, a short stretch
+#: of parsing
 YIELD_EVERY = 50
 #: refused entries (links, fifos... planted in a box) one listing files at most; the rest wait for
 #: the next listing, so that a box flooded with links does not hold the poll lock for long
