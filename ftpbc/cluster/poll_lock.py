@@ -172,9 +172,10 @@ class FileCrossLock:
     def _lock_file(self, wait: float) -> bool:
         """flock the lock file, trying for ``wait`` seconds; False if another process holds it.
 
-        A flock on a descriptor kept open, where filelock.FileLock opened, locked, unlocked and
-        closed the file on every poll (73 us against under 1 us); the lock is the same kind, so
-        the two interoperate.  On NFS, Linux maps flock to POSIX locks (NFSv4, or lockd).
+        A flock on a descriptor kept open, not filelock.FileLock, which opens, locks, unlocks and
+        closes the file on every poll, many times the cost of the flock alone; the lock is the
+        same kind, so the two interoperate.  On NFS, Linux maps flock to POSIX locks (NFSv4, or
+        lockd).
         """
         fd = self._lock_fd()
         deadline = time.monotonic() + wait
@@ -192,9 +193,9 @@ class FileCrossLock:
 
         Read and compared under the lock (only a holder writes the file), and when another node
         held the lock since, overwritten in place with one write, padded with spaces to the old
-        length, never truncated: opening it with O_TRUNC on every poll made ext4 flush the file at
-        each close (380 us per poll, in the poller thread that bounds a node's consume rate), and
-        a reader sees the old name or the new one, never an empty file.
+        length, never truncated: opening it with O_TRUNC on every poll would make ext4 flush the
+        file at each close, in the poller thread that bounds a node's consume rate; and a reader
+        sees the old name or the new one, never an empty file.
         """
         if self._holder is None:
             return

@@ -1,9 +1,9 @@
 """A bounded, thread-safe pool of sessions (FTP control connections, SSH/SFTP clients...).
 
-Connection setup is the dearest step of a remote transport (login to vsftpd 4 ms, to sshd 65 ms,
-against well under a millisecond per command), so transports keep sessions open and share them
-between threads through a :class:`Pool`.  The pool knows nothing about the protocol; the
-transport hands it three callables:
+Connection setup is the dearest step of a remote transport (a login costs many times a command,
+an SSH handshake most of all), so transports keep sessions open and share them between threads
+through a :class:`Pool`.  The pool knows nothing about the protocol; the transport hands it
+three callables:
 
 ``connect(timeout) -> S``
     open and log in one session, raising a :class:`~ftpbc.errors.TransportError` on failure;
@@ -107,8 +107,8 @@ class Pool(Generic[S]):
         self.server = server
         self.default_timeout = default_timeout
         # One plain lock guards the count of sessions in use and the idle list; a thread waits on
-        # the condition only when all ``size`` are in use.  (A BoundedSemaphore plus a lock cost
-        # about 7 us per operation in Python code; every remote command pays it.)
+        # the condition only when all ``size`` are in use: a BoundedSemaphore plus a lock would
+        # cost several times as much in Python code, and every remote command pays it.
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
         self._in_use = 0
