@@ -147,6 +147,9 @@ class _ResponsePoller:
             self._stranded = False
         picks = [c for c in lc.waiting() if _correlation(c) in wanted]
         claimed, _ = lc.claim(picks, "collect")
+        for c in claimed:
+            log.debug("%s: claimed response %s", self.endpoint, c.name,
+                      extra={"endpoint": self.endpoint, "message_id": _correlation(c.candidate)})
         self._deliver_all(claimed)
         return len(claimed)
 
@@ -225,6 +228,8 @@ class _ResponsePoller:
             self._stranded = True
             lc.mark_delivered(claimed)
             return
+        log.debug("%s: collected response %s: %d bytes, archived", self.endpoint, claimed.name,
+                  len(result[0]), extra={"endpoint": self.endpoint, "message_id": uid})
         settle()
 
     def close(self) -> None:
@@ -374,7 +379,10 @@ class Client:
         lc = self.runtime.lifecycle(endpoint)
         assert isinstance(lc.layout, AreaLayout)
         out = lc.layout.outbound(name, self.runtime.node_id, lc.clock())
-        return lc.send(out, _bytes(body), op_id=op_id_for(uid, "send"), kind=kind)
+        path = lc.send(out, _bytes(body), op_id=op_id_for(uid, "send"), kind=kind)
+        log.debug("%s: sent %s %s as %s", endpoint, kind, uid, path,
+                  extra={"endpoint": endpoint, "message_id": uid})
+        return path
 
     def dead_letters(self, endpoint: str) -> DeadLetters:
         """The dead letters of ``endpoint``: list (with a selector), body, replay, purge

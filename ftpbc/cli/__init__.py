@@ -12,7 +12,8 @@ import sys
 
 import click
 
-from ftpbc.cli.common import add_log_options, log_options
+from ftpbc.cli import logs
+from ftpbc.cli.common import add_log_options, log_options, say
 from ftpbc.errors import FtpbcError
 
 #: command name -> "module:attribute" of a click command.
@@ -83,23 +84,33 @@ def cli() -> None:
 
 
 def main() -> None:
-    """Entry point: any FtpbcError becomes one line on stderr and exit status 2."""
+    """Entry point: any FtpbcError becomes one line on stderr and exit status 2.
+
+    With ``--log-format json`` (or FTPBC_LOG_FORMAT=json) that line, and a usage error's, is a
+    JSON record with the error's type and message, like every log line before it."""
+    logs.forget_format()
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
+        if logs.current_format() == "json":
+            say("error", exc.format_message(), type(exc).__name__)
+        else:
+            exc.show()
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
+        if logs.current_format() == "json":
+            say("interrupted", "aborted", "Abort")
+        else:
+            click.echo("Aborted.", err=True)
         sys.exit(130)
     except FtpbcError as exc:
-        click.echo(f"ftpbc: error: {exc}", err=True)
+        say("error", str(exc), type(exc).__name__)
         sys.exit(getattr(exc, "exit_code", 2))
     except OSError as exc:
         # A local file or directory that cannot be made or written (a state_dir below a file,
         # a full disk): the path and the reason are what the user needs, not a traceback.
         where = f"{exc.filename}: " if exc.filename is not None else ""
-        click.echo(f"ftpbc: error: {where}{exc.strerror or exc}", err=True)
+        say("error", f"{where}{exc.strerror or exc}", type(exc).__name__)
         sys.exit(2)

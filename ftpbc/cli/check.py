@@ -10,7 +10,7 @@ import json
 
 import click
 
-from ftpbc.cli.common import config_option, json_option, load
+from ftpbc.cli.common import config_option, json_option, load, say
 from ftpbc.cli.logs import escape
 
 
@@ -38,9 +38,9 @@ def check(config_path: str, timeout: float, as_json: bool) -> None:
         # reaches the terminal (a \r or an escape sequence could forge or hide a line).
         click.echo(escape(render(report), keep_newlines=True))
         for w in report.warnings():
-            click.echo(f"ftpbc: check warning: {escape(w)}", err=True)
+            say("check warning", escape(w), "CheckWarning", level="warning")
         for f in report.failures():
-            click.echo(f"ftpbc: check failed: {escape(f)}", err=True)
+            say("check failed", escape(f), "CheckFailed")
         click.echo(escape(report.summary()))
     if not report.ok:
         raise SystemExit(1)

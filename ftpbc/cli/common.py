@@ -48,39 +48,56 @@ def load(config_path: str, node_id: str | None = None) -> Config:
 _LOG_META = "ftpbc.logging"
 
 
-def setup_logging(verbose: bool = False, default: str = "warning") -> None:
+def setup_logging(default: str = "warning") -> None:
     """Logs on stderr, control characters escaped (:mod:`ftpbc.cli.logs`), at the level and in
-    the format the command line gave (``--log-level``, ``--log-format``, before or after the
-    subcommand), else FTPBC_LOG_LEVEL and FTPBC_LOG_FORMAT, else ``default`` (debug if
-    ``verbose``) and text.  The default is warning: a one-shot command's stderr carries its
-    own messages, not a line per step; ``serve`` logs at info."""
+    the format the command line gave (``--log-level``, else ``-v`` for debug; ``--log-format``;
+    before or after the subcommand), else FTPBC_LOG_LEVEL and FTPBC_LOG_FORMAT, else ``default``
+    and text.  The default is warning: a one-shot command's stderr carries its own messages,
+    not a line per step; ``serve`` logs at info."""
     ctx = click.get_current_context(silent=True)
-    given: dict[str, str] = ctx.find_root().meta.get(_LOG_META, {}) if ctx is not None else {}
-    logs.setup(given.get("log_level"), given.get("log_format"), verbose=verbose, default=default)
+    given: dict[str, Any] = ctx.find_root().meta.get(_LOG_META, {}) if ctx is not None else {}
+    level = given.get("log_level") or ("debug" if given.get("verbose") else None)
+    logs.setup(level, given.get("log_format"), default=default)
 
 
-def _log_option(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+def _log_option(ctx: click.Context, param: click.Parameter, value: str | bool | None) -> None:
     root = ctx.find_root()
     if root.meta.get(_LOG_META) is None:
         root.meta[_LOG_META] = {}
         # main() also runs in-process (tests, embedding programs): hand the root logger back
         # as it was when the command is done, not bound to a stream that may be gone by then.
         root.call_on_close(logs.reset)
-    if value is not None and param.name is not None:
+    if value is not None and value is not False and param.name is not None:
         root.meta[_LOG_META][param.name] = value
+    # ``serve`` sets up again once it runs, with its own default level (info)
     setup_logging()
 
 
 def log_options(f: F) -> F:
-    """``--log-level`` and ``--log-format`` (default: FTPBC_LOG_LEVEL, FTPBC_LOG_FORMAT, else
-    info and text).  They configure logging as they are parsed and pass no argument to the
-    command; every command has them (see ``ftpbc.cli.LazyGroup``)."""
+    """``--log-level``, ``-v`` / ``--verbose`` and ``--log-format`` (default: FTPBC_LOG_LEVEL,
+    FTPBC_LOG_FORMAT, else warning, info for ``serve``, and text).  They configure logging as
+    they are parsed and pass no argument to the command; every command has them, after its
+    name as well as before it (see ``ftpbc.cli.LazyGroup``).  A given ``--log-level`` wins
+    over ``-v``; either wins over the environment."""
+    # Eager: set up before any other option is checked, so that a usage error is reported in
+    # the format asked for.
     f = click.option("--log-format", type=click.Choice(logs.FORMATS), default=None, expose_value=False,
-                     callback=_log_option,
-                     help="Write log lines as text (default) or as JSON, one object per line.")(f)
+                     is_eager=True, callback=_log_option,
+                     help="Write log lines, and the final error, as text (default) or as JSON, one "
+                          "object per line.")(f)
+    f = click.option("-v", "--verbose", is_flag=True, default=None, expose_value=False,
+                     is_eager=True, callback=_log_option, help="Log debug detail (as --log-level debug).")(f)
     return click.option("--log-level", type=click.Choice(logs.LEVELS), default=None, expose_value=False,
-                        callback=_log_option,
-                        help="Log at this level and above (default: info for serve, warning otherwise).")(f)
+                        is_eager=True, callback=_log_option,
+                        help="Log at this level and above on stderr (default: info for serve, warning "
+                             "otherwise).")(f)
+
+
+def say(word: str, message: str, error: str, *, level: str = "error") -> None:
+    """One line on stderr: ``ftpbc: <word>: <message>``, or with ``--log-format json`` (or
+    FTPBC_LOG_FORMAT=json) a JSON record whose ``error`` is ``error`` (an exception's type
+    name) and ``level`` is ``level`` (see :func:`ftpbc.cli.logs.final_line`)."""
+    click.echo(logs.final_line(word, message, error, level=level), err=True)
 
 
 def add_log_options(command: click.Command) -> None:

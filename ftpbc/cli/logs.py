@@ -101,6 +101,9 @@ class JsonFormatter(logging.Formatter):
         event = getattr(record, "event", None)  # a message's outcome (served, failed, ...)
         if event is not None:
             out["event"] = escape(str(event))
+        error = getattr(record, "error", None)  # the type of the error a command ends with
+        if error is not None:
+            out["error"] = escape(str(error))
         if record.exc_info:
             out["exc"] = escape(self.formatException(record.exc_info))
         return json.dumps(out, ensure_ascii=False)
@@ -119,8 +122,11 @@ def setup(level: str | None = None, fmt: str | None = None, *, verbose: bool = F
     level = (level or os.environ.get(LEVEL_ENV) or ("debug" if verbose else default)).lower()
     if level not in LEVELS:
         raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
+    fmt = (fmt or os.environ.get(FORMAT_ENV) or "text").lower()
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter((fmt or os.environ.get(FORMAT_ENV) or "text").lower()))
+    handler.setFormatter(formatter(fmt))
+    global _format
+    _format = fmt
     root = logging.getLogger()
     global _level_before
     if _level_before is None:
@@ -135,6 +141,36 @@ def setup(level: str | None = None, fmt: str | None = None, *, verbose: bool = F
 
 #: the root logger's level before :func:`setup` first changed it (None: not changed)
 _level_before: int | None = None
+#: the format :func:`setup` last chose, kept by :func:`reset` (a command's final error is
+#: written after its context, and with it the log handler, is gone); None: none since
+#: :func:`forget_format`
+_format: str | None = None
+
+
+def forget_format() -> None:
+    """Start afresh: :func:`final_line` follows the next :func:`setup` (or the environment)."""
+    global _format
+    _format = None
+
+
+def current_format() -> str:
+    """The format the last :func:`setup` chose, else FTPBC_LOG_FORMAT's if valid, else text."""
+    if _format is not None:
+        return _format
+    env = (os.environ.get(FORMAT_ENV) or "").lower()
+    return env if env in FORMATS else "text"
+
+
+def final_line(word: str, message: str, error: str, *, level: str = "error") -> str:
+    """The line a command ends with on stderr: ``ftpbc: <word>: <message>`` in text, else one
+    JSON object as :class:`JsonFormatter` writes it (logger ``ftpbc.cli``), with ``error`` the
+    error's type (an exception class name).  The text form is not escaped here: callers escape
+    what came from others, as they always have."""
+    if current_format() != "json":
+        return f"ftpbc: {word}: {message}"
+    record = logging.LogRecord("ftpbc.cli", getattr(logging, level.upper()), "", 0, "%s", (message,), None)
+    record.error = error
+    return JsonFormatter().format(record)
 
 
 def _remove_handlers(root: logging.Logger) -> None:

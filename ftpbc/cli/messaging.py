@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ftpbc.cli.common import F, config_option, load, node_id_option, read_body
+from ftpbc.cli.common import F, config_option, load, node_id_option, read_body, say
 from ftpbc.cli.options import message_options, options_dict
 from ftpbc.errors import FtpbcError, QueueFull, RemoteHandlerError, RequestExpired, RequestTimeout
 
@@ -45,7 +45,7 @@ def failures_exit() -> Iterator[None]:
         yield
     except tuple(kind for kind, _, _ in _FAILURES) as exc:
         word, code = next((word, code) for kind, word, code in _FAILURES if isinstance(exc, kind))
-        click.echo(f"ftpbc: {word}: {exc}", err=True)
+        say(word, str(exc), type(exc).__name__)
         raise SystemExit(code) from None
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -87,8 +87,8 @@ def request(config_path: str, node_id: str | None, endpoint: str, data: str | No
         try:
             answer = client.request(endpoint, body, timeout=timeout, **options)
         except KeyboardInterrupt:
-            click.echo("ftpbc: interrupted: the request was withdrawn unless a provider had taken it",
-                       err=True)
+            say("interrupted", "the request was withdrawn unless a provider had taken it",
+                "KeyboardInterrupt")
             raise SystemExit(130) from None
     sys.stdout.buffer.write(answer)
     if sys.stdout.isatty() and not answer.endswith(b"\n"):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ftpbc.cli.common import config_option, json_option, node_id_option
+from ftpbc.cli.common import config_option, json_option, node_id_option, say
 from ftpbc.cli.queues import _body_json, _client, _selector, _selector_option
 
 if TYPE_CHECKING:
@@ -57,11 +57,11 @@ def receive(config_path: str, node_id: str | None, endpoint: str, selector: str 
                     if count and received >= count:
                         break
         except KeyboardInterrupt:
-            click.echo("ftpbc: interrupted: the message in hand, if any, went back to the box", err=True)
+            say("interrupted", "the message in hand, if any, went back to the box", "KeyboardInterrupt")
             raise SystemExit(130) from None
     if count and received < count:
-        click.echo(f"ftpbc: timeout: {received} of {count} message(s) received from {endpoint} "
-                   f"(waited {wait:g} s for the next)", err=True)
+        say("timeout", f"{received} of {count} message(s) received from {endpoint} "
+            f"(waited {wait:g} s for the next)", "RequestTimeout")
         raise SystemExit(TIMED_OUT)
 
 

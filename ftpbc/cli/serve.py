@@ -23,13 +23,12 @@ from ftpbc.journal import Journal
 @click.command()
 @config_option
 @node_id_option
-@click.option("-v", "--verbose", is_flag=True, help="Log debug detail (as --log-level debug).")
 @log_options
 @click.option("--path", "handler_path", multiple=True, type=click.Path(file_okay=False),
               help="Import handler modules from this directory too (repeatable; after node.handler_path).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve /metrics, /healthz and /readyz on this port (default: node.metrics).")
-def serve(config_path: str, node_id: str | None, verbose: bool, handler_path: tuple[str, ...],
+def serve(config_path: str, node_id: str | None, handler_path: tuple[str, ...],
           metrics_port: int | None) -> None:
     """Serve every endpoint that has a handler, and every route, until SIGTERM or Ctrl-C.
 
@@ -47,7 +46,7 @@ def serve(config_path: str, node_id: str | None, verbose: bool, handler_path: tu
     from ftpbc.node.check import lease_warning
     from ftpbc.node.serve import Node
 
-    setup_logging(verbose, default="info")
+    setup_logging(default="info")
     config = load(config_path, node_id)
     tight = lease_warning(config)
     if tight is not None:

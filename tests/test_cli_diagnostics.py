@@ -1,0 +1,124 @@
+"""Diagnostics of the client commands: the log options every command shares (``--log-level``,
+``-v``, ``--log-format``), debug lines for what ``ftpbc request`` does, the final error as a JSON
+record, header rows of the text listings, and the quieter or clearer messages a new user meets
+(an empty box, an id already collected, plain FTP against a TLS-only server, journal
+directories of failed starts)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftpbc.config.loader import load_config
+from ftpbc.exchange.message import Message
+from ftpbc.node.serve import Node
+from tests.cluster import write_config
+from tests.servers.handle import ServerHandle
+from tests.support import ftpbc_env, run_ftpbc
+from tests.test_cli_corners import all_commands
+from tests.test_bad_input import main_in_process
+
+
+def echo(message: Message) -> bytes:
+    return b"re:" + message.body
+
+
+@pytest.fixture
+def ftp_config(pyftpdlib_server: ServerHandle, tmp_path: Path) -> Path:
+    """A configuration on the pyftpdlib server: endpoint ``quote`` in a directory of its own."""
+    repo = f"{pyftpdlib_server.fresh_dir()}/quote"
+    return write_config(tmp_path / "ftpbc.yaml", pyftpdlib_server, tmp_path,
+                        {"quote": {"repository": repo, "poll_interval": 0.05, "timeout": 20}})
+
+
+@pytest.fixture
+def serving(ftp_config: Path) -> Iterator[Path]:
+    """A node serving ``quote`` with :func:`echo`, in this process."""
+    with Node(load_config(ftp_config, node_id="provider"), handlers={"quote": echo}):
+        yield ftp_config
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment without FTPBC_LOG_LEVEL and FTPBC_LOG_FORMAT, plus ``extra``."""
+    env = {k: v for k, v in ftpbc_env().items() if k not in ("FTPBC_LOG_LEVEL", "FTPBC_LOG_FORMAT")}
+    return {**env, **(extra or {})}
+
+
+def records(stderr: str) -> list[dict[str, Any]]:
+    """Every line of ``stderr``, each of which must be a JSON object."""
+    return [json.loads(line) for line in stderr.splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------- the log options
+
+
+@pytest.mark.parametrize("path", list(all_commands()), ids=" ".join)
+def test_every_command_takes_v_as_well(path: tuple[str, ...]) -> None:
+    result = main_in_process(*path, "-v", "--help")
+    assert result.returncode == 0, result.stderr
+    assert "-v, --verbose" in result.stdout and "--log-level" in result.stdout
+
+
+@pytest.mark.parametrize("flag", [["--log-level", "debug"], ["-v"]], ids=["log-level", "v"])
+def test_request_at_debug_shows_its_steps(serving: Path, flag: list[str]) -> None:
+    result = run_ftpbc("request", "-c", str(serving), "--node-id", "cli", "quote", "--data", "x", *flag,
+                       env=clean_env({"FTPBC_LOG_LEVEL": "warning"}))  # the command line wins
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "re:x"
+    debug = [line for line in result.stderr.splitlines() if " DEBUG ftpbc.client: " in line]
+    steps = [next((line for line in debug if step in line), None)
+             for step in ("quote: sent request ", "quote: claimed response ", "quote: collected response ")]
+    assert all(steps), result.stderr
+    assert steps == sorted(steps, key=debug.index)  # sent, claimed, collected, in that order
+
+
+def test_request_logs_nothing_by_default(serving: Path) -> None:
+    result = run_ftpbc("request", "-c", str(serving), "--node-id", "cli", "quote", "--data", "x",
+                       env=clean_env())
+    assert result.returncode == 0 and result.stdout == "re:x"
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize("before", [True, False], ids=["before-the-command", "after-it"])
+def test_the_final_error_is_a_json_record(ftp_config: Path, before: bool) -> None:
+    """Nobody serves: the request times out, and with --log-format json every stderr line, the
+    timeout that ends the command included, is one JSON object."""
+    args = ["request", "-c", str(ftp_config), "--node-id", "cli", "quote", "--data", "x", "--timeout", "0.3"]
+    options = ["--log-format", "json", "--log-level", "info"]
+    result = run_ftpbc(*(options + args if before else args + options), env=clean_env())
+    assert result.returncode == 3, result.stderr
+    lines = records(result.stderr)
+    assert any("withdrawn" in r["message"] for r in lines[:-1])
+    last = lines[-1]
+    assert last["level"] == "error" and last["error"] == "RequestTimeout" and last["logger"] == "ftpbc.cli"
+    assert last["message"].startswith("endpoint 'quote': no response to ") and "0.3 s" in last["message"]
+
+
+def test_a_usage_error_is_a_json_record_too(ftp_config: Path) -> None:
+    """The log options are taken first: an invalid option before --log-format is reported in JSON."""
+    result = main_in_process("request", "-c", str(ftp_config), "quote", "--data", "x", "--timeout", "0",
+                             "--log-format", "json")
+    assert result.returncode == 2
+    [line] = records(result.stderr)
+    assert line["error"] == "BadParameter" and "--timeout" in line["message"]
+
+
+def test_a_configuration_error_is_a_json_record_with_the_environment(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    result = main_in_process("send", "-c", str(missing), "quote", "--data", "x",
+                             env={"FTPBC_LOG_FORMAT": "json"})
+    assert result.returncode == 2
+    [line] = records(result.stderr)
+    assert line == {**line, "level": "error", "error": "ConfigError",
+                    "message": f"{missing}: configuration file not found"}
+
+
+def test_text_errors_are_unchanged(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    result = main_in_process("send", "-c", str(missing), "quote", "--data", "x",
+                             env={"FTPBC_LOG_FORMAT": None})
+    assert result.stderr == f"ftpbc: error: {missing}: configuration file not found\n"
