@@ -80,9 +80,9 @@ def defaults(master: str, environ: Mapping[str, str]) -> dict[str, str]:
     """
     out = {"spark.pyspark.python": environ.get("PYSPARK_PYTHON") or sys.executable,
            # The name parsing compiles to one large generated method per stage, over HotSpot's
-           # 8,000-byte limit for JIT compilation: left interpreted, it ran 2x slower (measured
-           # at 100,000 messages).  C1 alone compiles it in a fraction of C2's time, which a run
-           # of a few minutes never earns back (a cold 10,000-message run: 44 s rather than 121 s).
+           # 8,000-byte limit for JIT compilation, and left interpreted it runs far slower.  C1
+           # alone compiles it in a fraction of C2's time, which a run of a few minutes never
+           # earns back (docs/aggregate.md, "Performance").
            "spark.driver.extraJavaOptions": "-XX:-DontCompileHugeMethods -XX:TieredStopAtLevel=1",
            "spark.executor.extraJavaOptions": "-XX:-DontCompileHugeMethods"}
     host = urlsplit(master).hostname if "://" in master else None
@@ -145,7 +145,7 @@ def read_inputs(spark: SparkSession, inputs: Sequence[Input], namings: Mapping[s
     # (dozens of projections per endpoint) and every later query would otherwise analyse, optimise
     # and run it again (the pairs, the node names, the unanswered names).  Not filtered here: Spark
     # pushes a filter on ``kind`` below the projections, inlining the whole parse into the filter,
-    # and then runs it twice per row (measured: 4x slower); ``relevant`` filters what it reads.
+    # and then runs it twice per row; ``relevant`` filters what it reads.
     out = staging / "parsed"
     parsed.write.mode("overwrite").parquet(str(out))
     return spark.read.schema(ddl(PARSED_FIELDS)).parquet(str(out))
@@ -195,12 +195,12 @@ def pairs(rel: DataFrame, window: Window) -> DataFrame:
     """One row per request, with its reply (if any), T0, bucket, latency and service time.
 
     ``rel`` is :func:`relevant`'s output.  Requests and their replies share (endpoint, uuid), so
-    one grouping on that key pairs them: one shuffle, where a group per side and a join took
-    three.  Reply columns are null for a request without a reply, as a left join would leave them.
+    one grouping on that key pairs them: one shuffle, where a group per side and a join would
+    take three.  Reply columns are null for a request without a reply, as a left join would leave them.
 
-    Every aggregate buffer is a number, so Spark aggregates in a hash map: measured on 1,000,000
-    messages, the first version's ``min_by(node, ...)`` and ``min(name)`` (string buffers) made it
-    sort 2,000,000 records twice and took most of the job.  Nodes are carried as ``xxhash64``
+    Every aggregate buffer is a number, so Spark aggregates in a hash map: string buffers (such
+    as ``min_by(node, ...)`` or ``min(name)``) would make it sort every record, twice, and that
+    would be most of the job.  Nodes are carried as ``xxhash64``
     keys and named again from a broadcast table of the few distinct nodes; the request's name is
     looked up only for the unanswered ones (:func:`unanswered`).
     """

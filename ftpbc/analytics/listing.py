@@ -1,14 +1,14 @@
 """Local archive folders listed by the driver into Parquet files that Spark reads.
 
-Why the driver (measured, docs/aggregate.md "Performance"): the previous version listed and
-parsed every name in Spark's Python workers, and ftpbc's Python name parser was most of the
-job's time.  Names are now parsed in the JVM (:mod:`ftpbc.analytics.sqlnames`); Python only
-lists.  The driver lists each folder (``os.scandir`` + ``lstat``: names, sizes, modification
-times, never contents) and writes the raw records (:data:`~ftpbc.analytics.records.RAW_FIELDS`)
-with pyarrow, :data:`CHUNK` records per Parquet file, under the run's staging directory: a
-file rather than a Python list handed to ``createDataFrame``, which would send every row
-through the Py4J socket and pickle it.  So no Python runs on the executors: on a cluster they
-need a JVM and Spark only (and the staging directory, under ``--out``, on shared storage).
+Why the driver: parsing every name with ftpbc's Python name parser in Spark's Python workers would
+be most of the job's time (docs/aggregate.md, "Performance"), so names are parsed in the JVM
+(:mod:`ftpbc.analytics.sqlnames`) and Python only lists.  The driver lists each folder
+(``os.scandir`` + ``lstat``: names, sizes, modification times, never contents) and writes the raw
+records (:data:`~ftpbc.analytics.records.RAW_FIELDS`) with pyarrow, :data:`CHUNK` records per
+Parquet file, under the run's staging directory: a file rather than a Python list handed to
+``createDataFrame``, which would send every row through the Py4J socket and pickle it.  So no Python
+runs on the executors: on a cluster they need a JVM and Spark only (and the staging directory, under
+``--out``, on shared storage).
 
 What the driver holds: one chunk (:data:`CHUNK` records) at a time, whatever the folder's size.
 

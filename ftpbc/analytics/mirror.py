@@ -142,7 +142,7 @@ def update_mirror(root: Path, sources: Sequence[ArchiveSource], *, progress: boo
                     t = transports[source.server] = open_transport(source.server)
                 before = stats.new
                 mirror_folder(t, source, folder, root, stats)
-                # Set once the folder is done: set before, it showed the previous folders'
+                # Set once the folder is done: set before, it would show the previous folders'
                 # count against this folder's name.
                 bar.set_postfix_str(f"{source.endpoint}/{folder} new={stats.new - before} total={stats.new}",
                                     refresh=False)

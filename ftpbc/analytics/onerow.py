@@ -1,9 +1,9 @@
 """A Parquet file of exactly one row, its one large binary value copied from a stream piece by piece.
 
 Why not pyarrow: its writer holds a binary value three times over while it writes it (the array,
-the encoded values, the page they are concatenated into: 254 MiB for one 80 MiB value, measured
-with pyarrow 26), and a Parquet value cannot be split across pages.  A one-row file is simple
-enough to write by hand, so compaction's memory stays bounded whatever the size of a body.
+the encoded values, the page they are concatenated into; docs/aggregate.md), and a Parquet value
+cannot be split across pages.  A one-row file is simple enough to write by hand, so compaction's
+memory stays bounded whatever the size of a body.
 
 What is written (Parquet format 2, readable by pyarrow and Spark alike): one row group, one
 uncompressed ``DATA_PAGE`` (v1) per column, PLAIN values, every column ``OPTIONAL`` (as pyarrow

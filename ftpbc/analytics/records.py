@@ -17,8 +17,8 @@ endpoint's naming, ftpbc or dropboxmq, and its message_name, see :mod:`ftpbc.ana
     stamp_us when that node archived it (millisecond precision, from the name)
     name_time_us, name_prec_us   submit time written in a request's name, when there is one
 
-Schemas are explicit everywhere: Spark never infers one (inference costs a listing job and,
-on 10,000 JSON files, 8x the read time).
+Schemas are explicit everywhere: Spark never infers one (inference costs a listing job and
+several times the read itself).
 """
 
 from __future__ import annotations

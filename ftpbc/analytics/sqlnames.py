@@ -72,8 +72,8 @@ def _stage(df: DataFrame, **columns: Column) -> DataFrame:
 
     Why stages: a column used twice in one expression is a copy of its whole expression tree,
     and the copies nest (a date uses its year thrice, a name's parts use the match...), which
-    gave a plan of 450,000 characters that Spark took seconds to optimise and that evaluated
-    each regular expression many times per row.  A column of an earlier projection is a
+    gives a plan so large that Spark takes seconds to optimise it, and that evaluates each
+    regular expression many times per row.  A column of an earlier projection is a
     reference; Spark keeps the projections apart (CollapseProject does not merge one whose
     non-trivial expression would then be computed twice).
     """

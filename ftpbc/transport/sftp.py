@@ -2,7 +2,7 @@
 
 One *session* is one SSH connection carrying one SFTP channel.  Sessions are opened lazily and
 shared between threads through :class:`ftpbc.transport.pool.Pool` (``cfg.pool_size`` at most),
-because logging in to sshd costs about 65 ms against well under a millisecond per request.
+because an SSH login costs many times an SFTP request.
 
 Authentication
     With ``key_file`` the key (ed25519, ECDSA or RSA; not passphrase-protected) is offered first;
