@@ -81,7 +81,7 @@ class ServerConfig(BaseModel):
     verify_tls: bool = True
     #: Only true (the default) is accepted: ftpbc opens every FTP data connection with EPSV or
     #: PASV.  Active mode (PORT/EPRT) is not implemented, and ``passive: false`` is refused at
-    #: load rather than ignored, as an earlier version did.
+    #: load rather than silently ignored.
     passive: bool = True
     #: file:// only: fsync each file written before it can be renamed into place, so a message
     #: survives a power failure.  Off, a message still survives a killed process (the page

@@ -349,7 +349,7 @@ class FTPTransport(Transport):
             raise ConfigError(tls_refusal(cfg.scheme), key=f"servers.{cfg.name}.{misplaced[0]}")
         if not cfg.passive:
             # Refused at load too; a config changed in code past validation gets here.  Sending
-            # PASV anyway, as an earlier version did, would silently ignore the setting.
+            # PASV anyway would silently ignore the setting.
             raise ConfigError(ACTIVE_MODE_REFUSAL, key=f"servers.{cfg.name}.passive")
         self.cfg = cfg
         self.server = cfg.display
