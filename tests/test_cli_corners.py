@@ -1,4 +1,4 @@
-"""The command line in every corner a new user runs into (issue 14, item 5).
+"""The command line in every corner a new user runs into.
 
 Log options on every command, progress bars only on a terminal, ``ftpbc request``'s output and
 input, ``Client.collect`` of an id with nothing to wait for, ``--json`` and option placement,

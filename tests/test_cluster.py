@@ -1,4 +1,4 @@
-"""The cluster test of issue 4: three ``ftpbc serve`` processes compete for one endpoint.
+"""The cluster test: three ``ftpbc serve`` processes compete for one endpoint.
 
 An in-process Client makes every request from 8 threads, each body unique.  The handler
 (``examples.handlers:tagged``) answers with JSON naming the serving node and echoing the body, so
@@ -41,7 +41,7 @@ CASES = [
     pytest.param("vsftpd", "none", 3000, id="vsftpd-lock_none"),
     pytest.param("sshd", "file", 500, id="sshd-lock_file"),
     pytest.param("sshd", "none", 500, id="sshd-lock_none"),
-    # Issue 16: the servers only the conformance suite had.  1,000 requests and lock: file only,
+    # The servers otherwise only in the conformance suite.  1,000 requests and lock: file only,
     # to keep each case near 10 s on a 2-core machine (the lock modes are proven above; what
     # these cases add is each server's own behaviour under three competing nodes).
     pytest.param("proftpd", "file", 1000, id="proftpd-lock_file"),

@@ -1,4 +1,4 @@
-"""Secure defaults of what a node creates and what it is configured with (issue 15).
+"""Secure defaults of what a node creates and what it is configured with.
 
 * everything created in ``state_dir`` and the node-local sequence directory is 0600/0700,
   whatever the umask;
@@ -67,7 +67,7 @@ def _assert_private(root: Path) -> dict[str, str]:
     return modes
 
 
-# --------------------------------------------------------------------------- item 6: state_dir modes
+# --------------------------------------------------------------------------- state_dir modes
 
 
 def test_state_dir_locks_heartbeats_and_sequences_are_private_whatever_the_umask(

@@ -1,4 +1,4 @@
-"""Trust changes are loud (issue 15, item 8).
+"""Trust changes are loud.
 
 * ``verify_tls: false`` is logged at WARNING once per server, naming it, never the password;
 * ``auto_accept_host_keys`` logs each key it learns (host, type, SHA256 fingerprint) and never

@@ -1,4 +1,4 @@
-"""One node at the floor's pace (issue 17): what keeps a serving node's workers busy.
+"""One node at the floor's pace: what keeps a serving node's workers busy.
 
 * A handled message whose ``served`` record's fsync and commit take long (a slow disk) waits
   for them without holding its worker's slot (after ``LEAVE_SLOT_AFTER``): the next claim is
