@@ -124,8 +124,10 @@ def test_ftpbc_browse_command(pyftpdlib_server: ServerHandle, tmp_path: Path, st
 
     rc, out, err = browse("--bodies", "--limit", "2")
     assert rc == 0, err
-    lines = out.splitlines()
+    header, *lines = out.splitlines()
+    assert header.split("\t") == ["id", "mtime", "size", "headers"]
     assert lines[0].split("\t")[0] == expected[0] and "priority=9" in lines[0]
+    assert len(lines[0].split("\t")) == len(header.split("\t"))
     assert lines[1] == "    body 1"
     assert lines[2].split("\t")[0] == expected[1]
     assert "2 message(s) waiting in ep" in err

@@ -134,7 +134,11 @@ def test_ftpbc_dlq_commands(pyftpdlib_server: ServerHandle, tmp_path: Path) -> N
     assert rows[1]["headers"]["priority"] == 7 and rows[1]["properties"] == {"region": "us"}
     assert rows[0]["headers"]["delivery_count"] == 5 and rows[0]["reason"] == "delivery 5 of 5 failed"
     text = dlq("list", "--selector", "region = 'eu'")
-    assert text.returncode == 0 and text.stdout.count("\n") == 1 and u1 in text.stdout
+    assert text.returncode == 0, text.stderr
+    header, row = text.stdout.splitlines()  # a header row, then the one dead letter selected
+    assert header.split("\t") == ["id", "filed", "node", "size", "headers", "reason"]
+    assert row.split("\t")[0] == u1 and len(row.split("\t")) == 6
+    assert row.split("\t")[-1] == "delivery 5 of 5 failed"
     shown = dlq("show", u2)
     assert shown.returncode == 0 and "expired at 2020-01-01" in shown.stdout and shown.stdout.endswith("two")
     shown_json = json.loads(dlq("show", "--json", u1).stdout)

@@ -20,6 +20,14 @@ if TYPE_CHECKING:
     from ftpbc.exchange.selector import Selector
 
 
+#: the header row ``ftpbc dlq list`` prints first in text (tab-separated, as its rows; even
+#: with no row under it); --json has no header
+DLQ_COLUMNS = ("id", "filed", "node", "size", "headers", "reason")
+#: the header row of ``ftpbc browse`` in text (``mtime``: the file's time on the server;
+#: ``--bodies`` adds indented body lines below a row, under no column)
+BROWSE_COLUMNS = ("id", "mtime", "size", "headers")
+
+
 def _selector_option(f: F) -> F:
     return click.option("--selector", default=None, metavar="EXPR",
                         help="Act only on the messages this JMS selector selects (docs/queues.md).")(f)
@@ -88,13 +96,17 @@ def _dlq_command(f: F) -> F:
 @_dlq_command
 def dlq_list(config_path: str, node_id: str | None, endpoint: str, selector: str | None,
              as_json: bool) -> None:
-    """List ENDPOINT's dead letters, oldest first, with the reason each was filed."""
+    """List ENDPOINT's dead letters, oldest first, with the reason each was filed.
+
+    Text: a header row, then one tab-separated row per dead letter (id, filed, node, size,
+    headers, reason); the count goes to stderr.  --json: a list of objects, no header."""
     sel = _selector(selector)
     with _client(config_path, node_id) as client:
         letters = client.dead_letters(endpoint).listing(sel)
     if as_json:
         click.echo(json.dumps([d.as_json() for d in letters], indent=2))
         return
+    click.echo("\t".join(DLQ_COLUMNS))
     for d in letters:
         when = d.filed_at.isoformat(timespec="seconds") if d.filed_at else "?"
         reason = d.reason.splitlines()[0] if d.reason else "(no reason file)"
@@ -197,7 +209,11 @@ def dlq_purge(config_path: str, node_id: str | None, endpoint: str, selector: st
 def browse(config_path: str, node_id: str | None, endpoint: str, selector: str | None, limit: int | None,
            bodies: bool, as_json: bool) -> None:
     """List the messages waiting in ENDPOINT's inbox in delivery order (higher priority first, then
-    the oldest), without claiming, moving or changing any."""
+    the oldest), without claiming, moving or changing any.
+
+    Text: a header row, then one tab-separated row per message (id, mtime, size, headers), each
+    followed by its body's lines, indented, with --bodies; the count goes to stderr.  --json: a
+    list of objects, no header."""
     from ftpbc.cli.logs import escape
 
     sel = _selector(selector)
@@ -212,6 +228,7 @@ def browse(config_path: str, node_id: str | None, endpoint: str, selector: str |
             out.append(entry)
         click.echo(json.dumps(out, indent=2))
         return
+    click.echo("\t".join(BROWSE_COLUMNS))
     for w in found:
         when = w.mtime.isoformat(timespec="seconds") if w.mtime else "?"
         # Names and bodies are a producer's text: escaped, so no control character of theirs
