@@ -76,7 +76,7 @@ def variants(quick: bool, repeats: int | None) -> list[Variant]:
     ]
     for n in (1, 2, 4):
         p = {"nodes": n, "clients": 8, "seconds": 2.0 if q else 8.0, "warmup": 0.5}
-        # One node is the row issue 17 holds to 0.9 of the floor.  On a 2-CPU machine one run's
+        # One node is the row held to 0.9 of the floor.  On a 2-CPU machine one run's
         # rate spreads about 10 % for either side, so the full set takes five pairs of it.
         out.append(Variant("reqresp", f"request/response, {n} node(s), 8 client threads (req/s)",
                            "reqresp", p, p, ["rate", "p50_ms"], "ratio>=0.9" if n == 1 else "ratio>=0.75",
@@ -86,7 +86,7 @@ def variants(quick: bool, repeats: int | None) -> list[Variant]:
         out.append(Variant("latency", f"latency, 1 outstanding, poll_interval {interval:g} s (ms)",
                            "reqresp", p, p, ["p50_ms", "p99_ms"], f"p50<=floor+{interval * 1000:g}+5ms",
                            reps(2 if interval < 1 else 1, 3)))
-    # coordination: server against state_dir (issue 16): the same ftpbc request/response on both
+    # coordination: server against state_dir: the same ftpbc request/response on both
     # sides, nodes and client coordinating through files on the FTP server or through a shared
     # directory (flock).  vsftpd only in the quick set (about 20 s for 3 runs a side); several
     # nodes, so the poll lock changes hands and is contended, where the two modes differ most.
@@ -117,7 +117,7 @@ def variants(quick: bool, repeats: int | None) -> list[Variant]:
                 {**backlog, "nodes": 4, "lock": "none"}, {**backlog, "nodes": 4}, ["rate", "lost_races"],
                 "ratio>=0.85", reps(1, 3)),
     ]
-    # Issue 17, a million waiting files: the first 10,000 consumed from a large inbox against
+    # A million waiting files: the first 10,000 consumed from a large inbox against
     # ftpbc consuming a small one (its whole 2,000), the node's peak RSS beside.  Filled with
     # hard links (bench/common.fill_linked): a million files written one by one take minutes.
     small = {**one_kib, "backlog": 2_000, "measure": 2_000, "poll_interval": 0.05, "nodes": 1,
@@ -127,7 +127,7 @@ def variants(quick: bool, repeats: int | None) -> list[Variant]:
         out.append(Variant("scaling", f"backlog {waiting:,} vs 2,000: first 10,000 vs all 2,000, 1 node "
                            "(msgs/s; node peak RSS MiB)", "consume", big, small, ["rate", "node_rss_mib"],
                            "ratio>=0.8,node_rss<300", reps(1, 3), peer="small"))
-    # Queue semantics (issue 11); ftpbc on both sides.  "priority": the same consume, only the
+    # Queue semantics; ftpbc on both sides.  "priority": the same consume, only the
     # backlog's names differ (a random priority 0-9 each, against all of the default one): what
     # ordering by priority and cutting claim windows at a priority change cost.  "browse": one
     # Client.browse of 10,000 waiting messages, against the bare listing it is built on.
@@ -139,7 +139,7 @@ def variants(quick: bool, repeats: int | None) -> list[Variant]:
     out.append(Variant("browse", "browse 10,000 waiting, first call / warm (s) vs bare listing", "browse",
                        {**p, "mode": "browse"}, {**p, "mode": "list"}, ["seconds", "warm_s"], "seconds<1.0",
                        reps(3, 3), servers=("vsftpd",) if q else KINDS, peer="listing"))
-    # Topics (issue 12): one node fanning a published backlog out to 10 durable subscriptions
+    # Topics: one node fanning a published backlog out to 10 durable subscriptions
     # against a bare lister and workers doing the same claim, read, 10 x (store, rename) and
     # archive.  Quick: vsftpd only (a pyftpdlib pair of 300 messages takes about 20 s: two pairs
     # do not fit in the 30 s this case may add); full: every server.
