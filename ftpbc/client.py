@@ -67,9 +67,8 @@ log = logging.getLogger("ftpbc.client")
 FIRST_BACKOFF = 0.002
 #: how much longer each empty poll waits than the one before, up to poll_interval, while requests
 #: are outstanding.  Gentle: with several callers a response comes every few milliseconds, and
-#: doubling (2, 4, 8, 16 ms...) left a response that came after three empty polls waiting up
-#: to 16 ms (request/response, 8 callers, one node: the response's pick-up was a fifth of the
-#: round trip).  poll_interval is still reached, after 15 empty polls (0.2 s in all at 50 ms).
+#: doubling would leave one that comes after a few empty polls waiting much longer than that gap
+#: for its pick-up.  poll_interval is still reached, within a few dozen empty polls.
 BACKOFF_GROWTH = 1.25
 #: client identities per node id and host (concurrent ftpbc request/send processes)
 CLIENT_SLOTS = 64
@@ -104,7 +103,8 @@ class _ResponsePoller:
                 fut = self._waiters[uuid] = Future()
             if idle:
                 # Wake an idle poller; a polling one takes the new request in at its next poll
-                # (waking it here cost a listing per request, made before any response can be).
+                # (waking it here would cost a listing per request, made before any response
+                # can be there).
                 self._cv.notify_all()
         return fut
 
@@ -157,11 +157,10 @@ class _ResponsePoller:
         """Deliver the responses one poll claimed, several at once.
 
         Each takes a read and an archive rename, two round trips or more, and one after the
-        other they kept the next poll waiting: with 8 callers against vsftpd and one node, a
-        response waited 4 ms (median) for those claimed with it; delivered on up to
-        DELIVERY_THREADS threads the client made 10-15 % more round trips per second.  The poll
-        returns once every one is delivered; a failure leaves this method as it would have left
-        the serial loop, after the others are done.
+        other they would keep each response, and the next poll, waiting for those claimed with
+        it; so they are delivered on up to DELIVERY_THREADS threads.  The poll returns once
+        every one is delivered; a failure leaves this method as it would leave a serial loop,
+        after the others are done.
         """
         if len(claimed) <= 1:
             for c in claimed:
