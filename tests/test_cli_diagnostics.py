@@ -7,20 +7,23 @@ directories of failed starts)."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ftpbc.client import Client
 from ftpbc.config.loader import load_config
+from ftpbc.exchange.backlog import BoxLister
 from ftpbc.exchange.message import Message
 from ftpbc.node.serve import Node
-from tests.cluster import write_config
+from tests.cluster import in_process_config, write_config
 from tests.servers.handle import ServerHandle
 from tests.support import ftpbc_env, run_ftpbc
-from tests.test_cli_corners import all_commands
 from tests.test_bad_input import main_in_process
+from tests.test_cli_corners import all_commands
 
 
 def echo(message: Message) -> bytes:
@@ -122,3 +125,22 @@ def test_text_errors_are_unchanged(tmp_path: Path) -> None:
     result = main_in_process("send", "-c", str(missing), "quote", "--data", "x",
                              env={"FTPBC_LOG_FORMAT": None})
     assert result.stderr == f"ftpbc: error: {missing}: configuration file not found\n"
+
+
+# --------------------------------------------------------------------------- an empty box is quiet
+
+
+def test_an_empty_box_on_a_server_without_globs_is_listed_quietly(
+        pyftpdlib_server: ServerHandle, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """pyftpdlib refuses the glob of the first, sizing listing: the box is listed whole, with
+    nothing above debug to say about it (no "large box" where there is none)."""
+    repo = f"{pyftpdlib_server.fresh_dir()}/quote"
+    caplog.set_level(logging.DEBUG, logger="ftpbc.backlog")
+    with Client(in_process_config(pyftpdlib_server, tmp_path, "cli", {"quote": {"repository": repo}})) as c:
+        lister = BoxLister(c.runtime.lifecycle("quote"), poll_interval=0.05)
+        assert lister._sliced()  # the layout cuts by globs, and the server has not refused one yet
+        assert lister.refill() == [] and lister.refill() == []
+        assert not lister.is_large and not lister._sliced()  # refused: listed whole from now on
+    said = [r for r in caplog.records if r.name == "ftpbc.backlog"]
+    assert [r.levelno for r in said] == [logging.DEBUG], [r.getMessage() for r in said]
+    assert "is listed whole" in said[0].getMessage()

@@ -97,6 +97,9 @@ class BoxLister:
         self._rotation_found = 0
         self._rotation_listed = 0
         self._sized = False
+        #: why the server refused a glob while the box was not known to be large (logged when
+        #: the box turns out large); None: not refused
+        self._refused: str | None = None
         #: when the last listing of the remembered backlog was made, and how long it took
         self._listed_at = 0.0
         self.listing_seconds = 0.0
@@ -192,8 +195,11 @@ class BoxLister:
         lc = self.lifecycle
         self.is_large = True
         self._schedule_pass(estimated_pass)
+        how = "by slices" if self._sliced() else "first parts"
+        if self._refused is not None and not self._sliced():
+            how += f"; {self._refused}"
         log.info("%s: %s holds more than %d messages: listed a part at a time (%s)", lc.name,
-                 lc.layout.box, self.large, "by slices" if self._sliced() else "first parts")
+                 lc.layout.box, self.large, how)
 
     def _leave_large(self) -> None:
         self.is_large = False
@@ -252,8 +258,14 @@ class BoxLister:
         except GlobRefused as exc:
             # The reason says which: a server without globs (pyftpdlib: 550), or one past its
             # listing cap (pure-ftpd: "Out of memory during globbing"), whose cap an operator
-            # may want to raise.
-            log.info("%s: a large box is listed by first parts: %s", self.lifecycle.name, exc)
+            # may want to raise.  Said at info only for a box known to be large; a box being
+            # sized (empty, small, or not yet known) is listed whole from now on, which is
+            # nothing to report.
+            if self.is_large:
+                log.info("%s: a large box is listed by first parts: %s", self.lifecycle.name, exc)
+            else:
+                self._refused = str(exc)
+                log.debug("%s: %s is listed whole: %s", self.lifecycle.name, self.lifecycle.layout.box, exc)
             return None
         self._next_slice = (self._next_slice + 1) % len(self._slices)
         self._rotation_found += part.found
