@@ -57,10 +57,12 @@ from ftpbc.exchange.layout import AreaLayout, Candidate, PartnerLayout
 from ftpbc.exchange.lifecycle import Claimed, Lifecycle, Unread, op_id_for
 from ftpbc.exchange.runtime import MessageOptions, Runtime
 from ftpbc.exchange.selector import Selector
+from ftpbc.exchange.sweeper import UNCOLLECTED
 from ftpbc.exchange.topics import Registry, Subscription, subscriber_name
 from ftpbc.exchange.transaction import Transaction
 from ftpbc.faults import crash_point
 from ftpbc.metrics import NULL_CLIENT_OBSERVER, ClientMetrics, ClientObserver, HttpServer, serve_http
+from ftpbc.transport.base import Entry
 
 log = logging.getLogger("ftpbc.client")
 
@@ -404,13 +406,24 @@ class Client:
         came in time.  Works from any process, also after the submitting one crashed.  Raises
         UnknownRequest at once, rather than after the timeout, for a request this client already
         collected, and for one it did not submit when neither the request nor its response is in
-        the exchange area (never sent, collected by another client, or expired and filed).
+        the exchange area (never sent, collected by another client, or expired and filed).  The
+        latter's message says "already collected (archived as <path> by <node>)" when the
+        response is in ``outarchive`` (one more listing, of that directory, in that case only);
+        with ``archive: false`` collected responses are deleted and it cannot say so.
         """
         poller = self._poller(endpoint)
         if uuid in poller.delivered:
             raise UnknownRequest(endpoint, uuid, "its response was already collected")
         if (endpoint, uuid) not in self._submitted and not poller.is_waiting(uuid) \
                 and not _on_its_way(self.runtime, endpoint, uuid):
+            archived = _archived_response(self.runtime, endpoint, uuid)
+            if archived is not None:
+                path, node = archived
+                if node == UNCOLLECTED:
+                    raise UnknownRequest(endpoint, uuid, "its response was never collected: a provider "
+                                         f"archived it as uncollected ({path})")
+                raise UnknownRequest(endpoint, uuid, f"already collected (archived as {path}"
+                                     + (f" by {node})" if node else ")"))
             raise UnknownRequest(endpoint, uuid, "not submitted by this client, and neither the request "
                                  "nor a response to it is in the exchange area")
         return self._await(poller, uuid, poller.wait_for(uuid), timeout, request_name)
@@ -699,6 +712,34 @@ class _Recent:
 #: moves through them (a response is staged before the request leaves inselect)
 _ON_THE_WAY: tuple[tuple[Direction, str], ...] = (
     ("in", "box"), ("in", "select"), ("out", "stage"), ("out", "box"), ("out", "select"))
+
+
+def _archived_response(runtime: Runtime, endpoint: str, uuid: str) -> tuple[str, str | None] | None:
+    """Where the response to request ``uuid`` of ``endpoint`` was archived, and by which node
+    (``uncollected``: by a provider's sweep, nobody having collected it); None if it is not in
+    ``outarchive`` (not archived, deleted, or the directory is missing).  One streamed listing,
+    stopped at the first match."""
+    lc = runtime.lifecycle(endpoint, "out")
+    layout = lc.layout
+    assert isinstance(layout, AreaLayout)
+    directory = layout.area.dir("out", "archive")
+    found: list[tuple[str, str | None]] = []
+
+    def visit(e: Entry) -> bool:
+        if e.is_dir:
+            return True
+        name, node, _ = parse_archive_name(e.name)
+        c = layout.decode_name(name)
+        if c is not None and _correlation(c) == uuid:
+            found.append((f"{directory}/{e.name}", node))
+            return False
+        return True
+
+    try:
+        lc.transport.scan(directory, visit)
+    except NotFound:
+        return None
+    return found[0] if found else None
 
 
 def _on_its_way(runtime: Runtime, endpoint: str, uuid: str) -> bool:

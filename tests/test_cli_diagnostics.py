@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import uuid as uuidlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import pytest
 
 from ftpbc.client import Client
 from ftpbc.config.loader import load_config
+from ftpbc.errors import UnknownRequest
 from ftpbc.exchange.backlog import BoxLister
 from ftpbc.exchange.message import Message
 from ftpbc.node.serve import Node
@@ -144,3 +147,22 @@ def test_an_empty_box_on_a_server_without_globs_is_listed_quietly(
     said = [r for r in caplog.records if r.name == "ftpbc.backlog"]
     assert [r.levelno for r in said] == [logging.DEBUG], [r.getMessage() for r in said]
     assert "is listed whole" in said[0].getMessage()
+
+
+# --------------------------------------------------------------------------- collected elsewhere
+
+
+def test_collecting_what_another_client_collected_says_where_it_was_archived(serving: Path) -> None:
+    with Client(load_config(serving, node_id="c1")) as one, Client(load_config(serving, node_id="c2")) as two:
+        uid = one.submit("quote", b"x")
+        assert one.collect("quote", uid, timeout=30) == b"re:x"
+        with pytest.raises(UnknownRequest) as caught:
+            two.collect("quote", uid, timeout=600)  # said at once, not after 600 s
+        repo = one.config.endpoint("quote").repository
+    message = str(caught.value)
+    assert re.fullmatch(rf"endpoint 'quote': request {uid}: already collected \(archived as "
+                        rf"{re.escape(repo)}/outarchive/resp\.{uid}~c1~\S+ by c1\)", message), message
+    # an id nobody sent is still told apart
+    with Client(load_config(serving, node_id="c2")) as two, \
+            pytest.raises(UnknownRequest, match="neither the request nor a response"):
+        two.collect("quote", str(uuidlib.uuid4()), timeout=600)
