@@ -30,8 +30,7 @@ large box
     or a listing to the end) finds the best ``large`` of the whole box, and they replace the
     backlog (less what was claimed while the pass ran).  A pass runs on a thread of its own
     while the poller goes on claiming from the backlog it has: at a million messages a pass
-    takes minutes on a busy machine (measured: 3.5 on pyftpdlib and OpenSSH at a load of 12 on
-    2 CPUs), and the node would otherwise stop for it.  A pass starts
+    takes minutes, and the node would otherwise stop for it.  A pass starts
     ``poll_interval`` or RELIST_COST_FACTOR pass times after the last one ended, whichever is
     longer, the first one that long after the first part (a pass estimated as PARTS_GUESS
     parts, or as many slices): a priority-9 message that arrives during a long drain goes first
