@@ -17,9 +17,8 @@ Not guaranteed: this is a single-user test and demo server; it is not hardened f
 (pyftpdlib's 3 s delay after a failed login is kept by default, nothing more).
 
 Concurrency model: pyftpdlib's default ``FTPServer``, every session on one asynchronous loop.
-Measured on a 2-core box, sessions of connect + login + one 1 KiB STOR + QUIT: 690 per second
-with one client and 660 with four, against 530 and 390 for ``ThreadedFTPServer`` (a thread
-start per login, and the threads contend for the GIL), so the threaded server is not offered.
+``ThreadedFTPServer`` starts a thread per login and its threads contend for the GIL, so it serves
+fewer short sessions a second, and fewer still with more clients: it is not offered.
 """
 
 from __future__ import annotations

@@ -188,7 +188,8 @@ class Runtime:
         prefix = ep.request_prefix if kind == "request" else ep.oneway_prefix
         if ep.message_name == "%u":
             # The default pattern: nothing to expand but the UUID (the general path builds a
-            # context and walks the tokens, a fifth of a message's bookkeeping on the send path).
+            # context and walks the tokens, a sizeable part of a message's bookkeeping on the send
+            # path).
             uid = str(uuidlib.uuid4())
             base = prefix + uid
         else:
