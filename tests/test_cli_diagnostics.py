@@ -6,6 +6,7 @@ directories of failed starts)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -166,3 +167,39 @@ def test_collecting_what_another_client_collected_says_where_it_was_archived(ser
     with Client(load_config(serving, node_id="c2")) as two, \
             pytest.raises(UnknownRequest, match="neither the request nor a response"):
         two.collect("quote", str(uuidlib.uuid4()), timeout=600)
+
+
+# --------------------------------------------------------------------------- plain FTP, TLS required
+
+
+@pytest.fixture
+def plain_to_tls(pyftpdlib_ftps_server: ServerHandle, tmp_path: Path) -> Path:
+    """A configuration naming the TLS-only server with a plain ftp:// URL."""
+    handle = pyftpdlib_ftps_server
+    plain = dataclasses.replace(handle, url=handle.url.replace("ftps://", "ftp://"), options={})
+    repo = f"{handle.fresh_dir()}/quote"
+    return write_config(tmp_path / "ftpbc.yaml", plain, tmp_path, {"quote": {"repository": repo}})
+
+
+def test_check_of_plain_ftp_against_a_tls_only_server_names_the_cause_once(plain_to_tls: Path) -> None:
+    result = run_ftpbc("check", "-c", str(plain_to_tls), env=clean_env())
+    assert result.returncode == 1, result.stderr
+    [failed] = [line for line in result.stderr.splitlines() if line.strip()]
+    assert failed.startswith("ftpbc: check failed: server srv (ftp://"), failed
+    assert ("TLS failed: the server requires TLS (an ftps:// URL): 550 SSL/TLS required on the control "
+            "channel") in failed, failed
+    # refused at the login: no directory of the exchange area was tried
+    assert "/quote" not in result.stderr and "inbox" not in result.stderr
+    assert "not checked (server srv failed)" in result.stdout
+
+
+def test_request_of_plain_ftp_against_a_tls_only_server_fails_at_the_first_refusal(
+        plain_to_tls: Path) -> None:
+    result = run_ftpbc("request", "-c", str(plain_to_tls), "--node-id", "cli", "quote", "--data", "x",
+                       "--log-format", "json", "--log-level", "debug", env=clean_env())
+    assert result.returncode == 2, result.stderr
+    *logged, last = records(result.stderr)
+    assert last["error"] == "TLSFailed" and "550 SSL/TLS required" in last["message"], last
+    assert "requires TLS (an ftps:// URL)" in last["message"]
+    # nothing was tried after the login's refusal: not a directory made, not a file sent
+    assert [r for r in logged if "SSL/TLS" in r["message"]] == [], logged

@@ -169,6 +169,11 @@ def map_os_errors(server: str, path: str = "", *, progress: Progress | None = No
 #: words of a session-limit refusal (ProFTPD MaxClientsPerHost, pure-ftpd -C, vsftpd max_per_ip)
 _LIMIT_WORDS = re.compile(r"too many|maximum|\bmax\b|limit|already (connected|logged in)")
 
+#: words of a login refused because the server requires TLS (ProFTPD and pyftpdlib: "550 SSL/TLS
+#: required on the control channel", vsftpd: "530 Non-anonymous sessions must use encryption",
+#: pure-ftpd: "421 Sorry, cleartext sessions are not accepted")
+_TLS_WORDS = re.compile(r"\b(?:ssl|tls|encryption|cleartext)\b", re.IGNORECASE)
+
 
 #: vsftpd's reply when the process behind a session failed (``500 OOPS: priv_sock_send_cmd``
 #: while the server restarts, and the like): the session is gone, whatever the command was
@@ -203,6 +208,10 @@ def translate_ftp_reply(exc: ftplib.Error, *, server: str, path: str = "",
         return ProtocolError(reply, server=server, path=path)
     if isinstance(exc, ftplib.error_proto | ftplib.error_reply) or not code.isdigit():
         return ProtocolError(f"unexpected reply {reply!r}", server=server, path=path)
+    if connecting and code[0] in "45" and _TLS_WORDS.search(reply):
+        # Not a missing file, nor a dropped session to retry: every command would be refused
+        # alike, so it is said once, as what it is.
+        return TLSFailed(f"the server requires TLS (an ftps:// URL): {reply}", server=server, path=path)
     if connecting and code in ("421", "530") and _LIMIT_WORDS.search(low):
         return SessionLimit(f"server refuses more sessions: {reply}", server=server, path=path)
     if code in ("530", "331", "332") and connecting:
