@@ -674,8 +674,9 @@ def _uuid_of(name: str, prefix: str) -> str | None:
     return base[len(prefix):].split(";", 1)[0].removesuffix(".error")
 
 
-def check(cluster: Cluster, ledger: Ledger) -> Verdict:
-    """Classify every request, from the clients' answers plus the server's archives."""
+def server_census(cluster: Cluster) -> tuple[Counter[str], set[str]]:
+    """What the server holds: responses per request UUID (every out directory) and the UUIDs of
+    the requests still anywhere in the in directories."""
     responses: Counter[str] = Counter()
     for d in ("outarchive", "outbox", "outselect", "outstage"):
         for name in cluster.files(d):
@@ -686,6 +687,12 @@ def check(cluster: Cluster, ledger: Ledger) -> Verdict:
         for name in cluster.files(d):
             if (u := _uuid_of(name, "req.")) is not None:
                 requests_seen.add(u)
+    return responses, requests_seen
+
+
+def check(cluster: Cluster, ledger: Ledger) -> Verdict:
+    """Classify every request, from the clients' answers plus the server's archives."""
+    responses, requests_seen = server_census(cluster)
     expected = {**ledger.acknowledged, **ledger.indeterminate}
     answered, lost, twice, unexpected = 0, [], [], []
     ind_answered = ind_absent = 0

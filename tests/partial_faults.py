@@ -68,6 +68,7 @@ from tests.chaos import (
     _recover_own_send,
     _uuid_of,
     load_client_config,
+    server_census,
 )
 from tests.chaos import handler as _chaos_handler
 from tests.faults_net import LinkFault, RelayProcess, set_link
@@ -785,16 +786,7 @@ class Verdict:
 def judge(cluster: Cluster, ledger: FaultLedger, events: list[FaultEvent], unrecovered: list[str],
           server_log: Path) -> Verdict:
     """Classify every request and every handler run (module docstring)."""
-    responses: Counter[str] = Counter()
-    for d in ("outarchive", "outbox", "outselect", "outstage"):
-        for name in cluster.files(d):
-            if (u := _uuid_of(name, "resp.")) is not None:
-                responses[u] += 1
-    requests_seen: set[str] = set()
-    for d in ("inarchive", "inerror", "inbox", "inselect", "instage"):
-        for name in cluster.files(d):
-            if (u := _uuid_of(name, "req.")) is not None:
-                requests_seen.add(u)
+    responses, requests_seen = server_census(cluster)
     expected = {**ledger.acknowledged, **ledger.indeterminate}
     answered = absent = 0
     lost: list[str] = []
