@@ -41,7 +41,7 @@ import signal
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -74,6 +74,9 @@ from tests.chaos import handler as _chaos_handler
 from tests.faults_net import LinkFault, RelayProcess, set_link
 
 HANDLER = "tests.partial_faults:handler"
+#: how long the nodes may take to serve at the start: a start-up that fails (a login through the
+#: relay that times out on a loaded machine) is tried again after 1, 2, 4, 8, 16 s
+START_TIMEOUT = 120.0
 handler = _chaos_handler
 
 # ---------------------------------------------------------------------- inside a node
@@ -933,7 +936,10 @@ def run_partial_faults(cluster: Cluster, relay: RelayProcess, faults: Faults, sc
     try:
         for n in nodes:
             n.start()
-        _wait(lambda: all(n.ready() for n in nodes), 60, "every node to serve")
+        try:
+            _wait(lambda: all(n.ready() for n in nodes), START_TIMEOUT, "every node to serve")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; {_not_serving(nodes)}") from None
         # A warm-up (logins, first listings, lock tokens), then the fault-free baseline.
         phase(Requests("w", 4 * clients), join_timeout=collect_timeout * 3)
         phase(Requests("b", baseline), join_timeout=collect_timeout * 3)
@@ -959,6 +965,20 @@ def run_partial_faults(cluster: Cluster, relay: RelayProcess, faults: Faults, sc
     verdict = judge(cluster, ledger, nemesis.events, nemesis.unrecovered, server_log)
     return FaultRunResult(verdict, phases, nemesis.events, ledger, relay_stats, seed,
                           time.monotonic() - started, drained_in, exits, undrained)
+
+
+def _not_serving(nodes: Sequence[NodeProcess]) -> str:
+    """The nodes that do not serve yet, each with the end of its log (why not)."""
+    out = []
+    for n in nodes:
+        if n.ready():
+            continue
+        try:
+            tail = n.log.read_text(errors="replace").splitlines()[-5:]
+        except OSError as exc:
+            tail = [f"(no log: {exc})"]
+        out.append(f"{n.node_id} not serving, log ends: " + " | ".join(tail))
+    return "; ".join(out)
 
 
 def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
