@@ -293,7 +293,7 @@ def test_collect_of_another_clients_pending_request_waits(config: Path) -> None:
 
 def test_journal_json(config: Path) -> None:
     with Client(load_config(config, node_id="c1")):
-        pass  # nothing written: c1's journal directory is removed again, and nothing is pending
+        pass  # leaves an (empty) journal for c1
     result = main_in_process("journal", "-c", str(config), "--node-id", "c1", "--json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)

@@ -10,8 +10,6 @@ import dataclasses
 import json
 import logging
 import re
-import subprocess
-import sys
 import uuid as uuidlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,6 @@ from ftpbc.config.loader import load_config
 from ftpbc.errors import UnknownRequest
 from ftpbc.exchange.backlog import BoxLister
 from ftpbc.exchange.message import Message
-from ftpbc.journal import Journal
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config, write_config
 from tests.servers.handle import ServerHandle
@@ -206,44 +203,3 @@ def test_request_of_plain_ftp_against_a_tls_only_server_fails_at_the_first_refus
     assert "requires TLS (an ftps:// URL)" in last["message"]
     # nothing was tried after the login's refusal: not a directory made, not a file sent
     assert [r for r in logged if "SSL/TLS" in r["message"]] == [], logged
-
-
-# --------------------------------------------------------------------------- journal directories
-
-
-def test_a_journal_directory_nothing_was_written_to_is_removed_on_close(tmp_path: Path) -> None:
-    unused = Journal(tmp_path, "unused")
-    unused.endpoint("quote")  # opened, a registry and an empty journal file made
-    assert (tmp_path / "unused" / ".lock").is_file()
-    used = Journal(tmp_path, "used")
-    used.endpoint("quote").record("u1.send", "send", durable=True, stage="s", target="t")
-    used.endpoint("quote").end("u1.send")  # compacted to nothing, but it was written to
-    (tmp_path / "before").mkdir()
-    before = Journal(tmp_path, "before")
-    for journal in (unused, used, before):
-        journal.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["before", "used"]
-    again = Journal(tmp_path, "unused")  # made afresh, and locked as before
-    try:
-        assert (tmp_path / "unused" / ".lock").is_file()
-        result = subprocess.run(
-            [sys.executable, "-c", "import sys; from ftpbc.journal import Journal; "
-                                   "Journal(sys.argv[1], 'unused')", str(tmp_path)],
-            capture_output=True, text=True, timeout=60, check=False)
-        assert result.returncode != 0 and "in use by another process" in result.stderr, result.stderr
-    finally:
-        again.close()
-    assert not (tmp_path / "unused").exists()
-
-
-def test_a_failed_start_leaves_no_journal_directory(plain_to_tls: Path, tmp_path: Path) -> None:
-    """A send that cannot log in leaves nothing in journal_dir: ``ftpbc journal`` knows no node."""
-    journals = tmp_path / "journals"
-    before = sorted(p.name for p in journals.iterdir()) if journals.is_dir() else []
-    sent = run_ftpbc("send", "-c", str(plain_to_tls), "--node-id", "failed", "quote", "--data", "x",
-                     env=clean_env())
-    assert sent.returncode == 2 and "SSL/TLS required" in sent.stderr, sent.stderr
-    after = sorted(p.name for p in journals.iterdir()) if journals.is_dir() else []
-    assert after == before and "failed.client0" not in after
-    listed = run_ftpbc("journal", "-c", str(plain_to_tls), "--node-id", "failed.client0", env=clean_env())
-    assert "known node ids: none" in listed.stderr, listed.stderr

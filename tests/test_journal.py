@@ -270,7 +270,6 @@ def test_a_journal_of_the_previous_release_is_read_and_rewritten_with_checksums(
     j = Journal(tmp_path, "n")
     path = j.endpoint(ENDPOINT).path
     j.close()
-    path.parent.mkdir(mode=0o700)  # closed without a record written: it was removed
     old = b"2026-11-22T01:02:03.123Z u0.send send stage=/q/instage/req.u0~n target=/q/inbox/req.u0\n"
     path.write_bytes(old)
     assert [o.op_id for o in _reopen(tmp_path)] == ["u0.send"]

@@ -754,9 +754,6 @@ class _Shared:
     users: dict[Path, int] = {}
     lock_fds: dict[Path, int] = {}
     endpoints: dict[Path, EndpointJournal] = {}
-    #: node directories this process created: removed by the last user's close if nothing was
-    #: ever written to them (see :func:`_remove_if_unused`)
-    made: set[Path] = set()
 
 
 def _read_registry(path: Path) -> dict[str, str]:
@@ -772,78 +769,24 @@ def _read_registry(path: Path) -> dict[str, str]:
     return entries
 
 
-def _acquire_node(directory: Path, node_id: str, *, made: bool = False) -> bool:
-    """Register one more user of ``directory``; True if it is the first in this process.
-    ``made``: the caller created the directory just now (see :func:`_remove_if_unused`)."""
+def _acquire_node(directory: Path, node_id: str) -> bool:
+    """Register one more user of ``directory``; True if it is the first in this process."""
+    import fcntl
+
     key = directory.resolve()
     with _Shared.lock:
         if _Shared.users.get(key, 0) == 0:
-            _Shared.lock_fds[key] = _lock_node(key, node_id)
-            if made:
-                _Shared.made.add(key)
+            fd = open_private(key / ".lock", os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise JournalError(
+                    f"{key}: node id {node_id!r} is in use by another process on this host "
+                    "(give each node its own --node-id)") from None
+            _Shared.lock_fds[key] = fd
         _Shared.users[key] = _Shared.users.get(key, 0) + 1
         return _Shared.users[key] == 1
-
-
-def _lock_node(key: Path, node_id: str) -> int:
-    """The descriptor of ``key/.lock``, flock-ed.  A lock file that another process removed
-    meanwhile (with its unused directory, :func:`_remove_if_unused`) is no lock: the directory
-    and the file are made again and locked afresh."""
-    import fcntl
-
-    for _ in range(10):
-        try:
-            fd = open_private(key / ".lock", os.O_RDWR)
-        except FileNotFoundError:  # the directory was removed meanwhile
-            private_dir(key)
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise JournalError(
-                f"{key}: node id {node_id!r} is in use by another process on this host "
-                "(give each node its own --node-id)") from None
-        try:
-            same = os.stat(key / ".lock").st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            return fd
-        os.close(fd)
-        private_dir(key)
-    raise JournalError(f"{key}: cannot lock the journal directory: it keeps being removed")
-
-
-def _remove_if_unused(key: Path, journals: list[EndpointJournal]) -> None:
-    """Remove node directory ``key`` (under the lock, by its last user in this process) when
-    this process created it and nothing was written to it: a start that failed, or a client
-    that sent nothing, leaves no directory to be taken for a node's journal later.  Kept when
-    anything else is there (a result, a side file of damaged records, a file of a newer
-    version) or any journal has a byte in it.  Best effort: whatever cannot be removed stays."""
-    if any(j._written for j in journals):
-        return
-    registered = set(_read_registry(key / "registry").values())
-    try:
-        with os.scandir(key) as it:
-            entries = list(it)
-    except OSError:
-        return
-    for e in entries:
-        if e.name in (".lock", "registry"):
-            continue
-        if e.name not in registered or not e.is_file(follow_symlinks=False) or e.stat().st_size:
-            return
-    try:
-        for e in entries:
-            if e.name != ".lock":
-                os.unlink(e.path)
-        # The lock file last, while it is still held: a process that opened it before it was
-        # unlinked finds, once it has the lock, that the file is gone (_lock_node) and starts over.
-        os.unlink(key / ".lock")
-        os.rmdir(key)
-    except OSError:
-        pass  # another process made a file in it meanwhile, or a file could not go: it stays
 
 
 def _release_node(directory: Path) -> None:
@@ -854,12 +797,8 @@ def _release_node(directory: Path) -> None:
             _Shared.users[key] = left
             return
         _Shared.users.pop(key, None)
-        journals = [_Shared.endpoints.pop(p) for p in list(_Shared.endpoints) if p.parent == key]
-        for journal in journals:
-            journal.close()
-        if key in _Shared.made:
-            _Shared.made.discard(key)
-            _remove_if_unused(key, journals)
+        for path in [p for p in _Shared.endpoints if p.parent == key]:
+            _Shared.endpoints.pop(path).close()
         fd = _Shared.lock_fds.pop(key, None)
         if fd is not None:
             os.close(fd)  # releases the flock
@@ -886,25 +825,17 @@ class Journal:
 
     ``first`` is True for the first opener in this process: only it should run recovery, since
     a later opener (a Client beside a Node of the same id) would act on the first one's work.
-
-    The node's directory is made (0700) when the journal is opened, and holds the lock that
-    keeps a second process with the same node id out.  If this process made it and wrote no
-    record to it (a start that failed, a client that sent nothing), the last :meth:`close` in
-    the process removes it again; a process that ends without closing (killed, ``os._exit``)
-    leaves it.  A directory that existed before is never removed.
     """
 
     def __init__(self, journal_dir: Path, node_id: str, *, durable: bool = True) -> None:
         self.dir = Path(journal_dir) / node_id
         self.durable = durable
         try:
-            made = not self.dir.is_dir()
             private_dir(self.dir)
             _tighten_contents(self.dir)
         except OSError as exc:
             raise JournalError(f"{self.dir}: cannot create journal directory: {exc.strerror}") from None
-        # A directory made here and never written to is removed again by close().
-        self.first = _acquire_node(self.dir, node_id, made=made)
+        self.first = _acquire_node(self.dir, node_id)
         self._closed = False
         self._lock = threading.Lock()
         self.registry_path = self.dir / "registry"
