@@ -820,14 +820,9 @@ class Lifecycle:
         else:
             assert isinstance(exc, TransportError)
             step = functools.partial(self.read_failed, claimed, exc, retry=retry)
-        return Unread(exc, self._settled(retry, step))
-
-    @staticmethod
-    def _settled(retry: Retry, step: Callable[[], Disposition]) -> Disposition:
-        """``step`` under ``retry``: a step that itself retries its remote parts only fails
-        through ``retry`` when a journal write fails; None (gave up) is UNFINISHED."""
-        done = retry(step)
-        return UNFINISHED if done is None else done
+        # Called once, not under ``retry``: each step repeats only its own remote parts, so a
+        # filing is recorded once however often its finish is tried.
+        return Unread(exc, step())
 
     def read_failed(self, claimed: Claimed, exc: TransportError, *, retry: Retry = run_once) -> Disposition:
         """Settle a claim whose handling failed with ``exc`` before anything was recorded: a
