@@ -1,6 +1,6 @@
 """Example handlers for ``endpoints.<name>.handler: examples.handlers:<function>``.
 
-A handler receives a :class:`ftpbc.message.Message` and returns the response body (bytes or
+A handler receives a :class:`ftpbc.Message` and returns the response body (bytes or
 str; None for an empty one).  Whatever it raises becomes an error reply: the caller's
 ``ftpbc request`` exits 4 with the reason, and the request lands in ``inerror`` with a
 ``.reason`` file beside it.  ``ftpbc serve`` imports these from the working directory, so run it
@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 
-from ftpbc.exchange.message import Message
+from ftpbc import Message
 
 #: made-up mid prices for quote(); a real handler would ask a pricing service
 PRICES: dict[str, str] = {

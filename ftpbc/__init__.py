@@ -1,31 +1,137 @@
 """ftpbc: exchange messages, one-way and request/response, through files on FTP, FTPS and SFTP
-servers or a shared directory, with any number of cluster nodes competing for the work."""
+servers or a shared directory, with any number of cluster nodes competing for the work.
+
+**The public API is what this module exports** (``__all__``), plus the module
+:mod:`ftpbc.errors`.  Import from here::
+
+    from ftpbc import Client, Message, Node, RequestTimeout
+
+* a handler receives a `Message` and returns a `HandlerResult`; `Message.headers` is a
+  `Headers`, `Message.properties` maps names to `PropertyValue`;
+* a client script uses `Client` (made from a `Config`, or `Client.from_config`), whose sends
+  take `MessageOptions` and whose pulls, subscriptions, transactions and dead-letter views
+  give `Delivery`, `Consumer`, `Subscription`, `Transaction`, `DeadLetters` and `Waiting`;
+* an operator script serving endpoints in-process uses `Node` with `Handler` functions;
+* every error ftpbc raises on purpose is an `FtpbcError`; the classes are exported here and in
+  :mod:`ftpbc.errors`.
+
+Everything else (``ftpbc.exchange``, ``ftpbc.transport``, ``ftpbc.node``...) is internal: it may
+move or change in any release without notice.  A public name that moves keeps working from its
+old path for at least one minor release with an `FtpbcDeprecationWarning` (see
+:mod:`ftpbc.deprecation` and CHANGELOG.md); removing or renaming a public name is a major
+change.  The version is `__version__`, semantic (https://semver.org): before 1.0 a minor
+release may deprecate, and removes only what was deprecated before.
+
+Importing ``ftpbc`` is cheap: the names above are loaded on first use, so ``import ftpbc.errors``
+or the ``ftpbc`` command does not pull in paramiko and pyftpdlib.
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-__all__ = ["Client", "Message", "Node", "__version__"]
+from ftpbc.deprecation import FtpbcDeprecationWarning
+from ftpbc.errors import (
+    AlreadyExists,
+    AuthenticationFailed,
+    ConfigError,
+    ConnectFailed,
+    ConnectionLost,
+    FtpbcError,
+    HostKeyRejected,
+    HostKeyRevoked,
+    IncompleteRead,
+    JournalError,
+    MessageTooLarge,
+    MissingDependency,
+    NotFound,
+    OutcomeUnknown,
+    PatternError,
+    PermissionDenied,
+    ProtocolError,
+    QueueFull,
+    ReadPastSize,
+    RemoteHandlerError,
+    RequestExpired,
+    RequestTimeout,
+    SelectorError,
+    SequenceError,
+    ServerBusy,
+    SessionLimit,
+    SourceGone,
+    TLSFailed,
+    TransportError,
+    TransportTimeout,
+    UnknownRequest,
+    UnsafeEntry,
+    UnsafeNameError,
+    UnsafeSource,
+)
+
+#: the release, semantic versioning; the package metadata (pyproject.toml) reads it from here
+__version__ = "0.2.0"
 
 if TYPE_CHECKING:
     from ftpbc.client import Client
-    from ftpbc.exchange.message import Message
-    from ftpbc.node.serve import Node
+    from ftpbc.config.loader import load_config
+    from ftpbc.config.models import Config
+    from ftpbc.exchange.browse import Waiting
+    from ftpbc.exchange.consumer import AckMode, Consumer, Delivery
+    from ftpbc.exchange.deadletter import DeadLetters
+    from ftpbc.exchange.envelope import Headers, PropertyValue
+    from ftpbc.exchange.message import HandlerResult, Message
+    from ftpbc.exchange.runtime import MessageOptions
+    from ftpbc.exchange.selector import Selector, compile_selector
+    from ftpbc.exchange.topics import Subscription
+    from ftpbc.exchange.transaction import Transaction
+    from ftpbc.node.serve import Handler, Node
+
+#: public name -> the module that defines it (internal: a move changes this table only)
+_LAZY: dict[str, str] = {
+    "Client": "ftpbc.client",
+    "Config": "ftpbc.config.models",
+    "load_config": "ftpbc.config.loader",
+    "Message": "ftpbc.exchange.message",
+    "HandlerResult": "ftpbc.exchange.message",
+    "Headers": "ftpbc.exchange.envelope",
+    "PropertyValue": "ftpbc.exchange.envelope",
+    "MessageOptions": "ftpbc.exchange.runtime",
+    "Delivery": "ftpbc.exchange.consumer",
+    "Consumer": "ftpbc.exchange.consumer",
+    "AckMode": "ftpbc.exchange.consumer",
+    "Waiting": "ftpbc.exchange.browse",
+    "DeadLetters": "ftpbc.exchange.deadletter",
+    "Subscription": "ftpbc.exchange.topics",
+    "Transaction": "ftpbc.exchange.transaction",
+    "Selector": "ftpbc.exchange.selector",
+    "compile_selector": "ftpbc.exchange.selector",
+    "Node": "ftpbc.node.serve",
+    "Handler": "ftpbc.node.serve",
+}
+
+__all__ = [
+    "AckMode", "AlreadyExists", "AuthenticationFailed", "Client", "Config", "ConfigError",
+    "ConnectFailed", "ConnectionLost", "Consumer", "DeadLetters", "Delivery", "FtpbcDeprecationWarning",
+    "FtpbcError", "Handler", "HandlerResult", "Headers", "HostKeyRejected", "HostKeyRevoked",
+    "IncompleteRead", "JournalError", "Message", "MessageOptions", "MessageTooLarge",
+    "MissingDependency", "Node", "NotFound", "OutcomeUnknown", "PatternError", "PermissionDenied",
+    "PropertyValue", "ProtocolError", "QueueFull", "ReadPastSize", "RemoteHandlerError",
+    "RequestExpired", "RequestTimeout", "Selector", "SelectorError", "SequenceError", "ServerBusy",
+    "SessionLimit", "SourceGone", "Subscription", "TLSFailed", "Transaction", "TransportError",
+    "TransportTimeout", "UnknownRequest", "UnsafeEntry", "UnsafeNameError", "UnsafeSource", "Waiting",
+    "__version__", "compile_selector", "load_config",
+]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy, so `import ftpbc.errors` (and the CLI) does not pull in paramiko and pyftpdlib.
-    if name == "Client":
-        from ftpbc.client import Client
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ftpbc' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # loaded once; later lookups do not come back here
+    return value
 
-        return Client
-    if name == "Message":
-        from ftpbc.exchange.message import Message
 
-        return Message
-    if name == "Node":
-        from ftpbc.node.serve import Node
-
-        return Node
-    raise AttributeError(f"module 'ftpbc' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

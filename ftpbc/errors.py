@@ -15,6 +15,16 @@ Two properties hold for every message built here:
 
 from __future__ import annotations
 
+__all__ = [
+    "AlreadyExists", "AuthenticationFailed", "ConfigError", "ConnectFailed", "ConnectionLost",
+    "FtpbcError", "HostKeyRejected", "HostKeyRevoked", "IncompleteRead", "JournalError",
+    "MessageTooLarge", "MissingDependency", "NotFound", "OutcomeUnknown", "PatternError",
+    "PermissionDenied", "ProtocolError", "QueueFull", "ReadPastSize", "RemoteHandlerError",
+    "RequestExpired", "RequestTimeout", "SelectorError", "SequenceError", "ServerBusy", "SessionLimit",
+    "SourceGone", "TLSFailed", "TransportError", "TransportTimeout", "UnknownRequest", "UnsafeEntry",
+    "UnsafeNameError", "UnsafeSource",
+]
+
 
 class FtpbcError(Exception):
     """Base class of every error ftpbc raises on purpose."""

@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from ftpbc import __version__
 from ftpbc.cli import logs
 from ftpbc.cli.common import add_log_options, log_options, say
 from ftpbc.errors import FtpbcError
@@ -77,7 +78,7 @@ class LazyGroup(HelpGroup):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="ftpbc")
+@click.version_option(version=__version__, prog_name="ftpbc")
 @log_options
 def cli() -> None:
     """Exchange messages through files on FTP, FTPS, SFTP servers or shared directories."""
