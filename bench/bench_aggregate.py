@@ -12,7 +12,7 @@ the same run, each in a fresh process of its own:
   SparkSession (its start timed and reported apart), the listing by the driver into Parquet,
   the names parsed by Spark SQL functions in the JVM, every output written (figures and nodes
   Parquet/CSV, the unanswered list, the chart);
-* **plain**: ``ftpbc.analytics.plain``: one Python process that lists with the same
+* **plain**: ``tests/plain_figures.py``: one Python process that lists with the same
   ``listing.scan_chunks``, parses every name with the reference parser (``records.parse_record``),
   pairs requests and replies in dicts and computes the same figures, writing them as CSV.
 
@@ -46,10 +46,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ftpbc.analytics import plain, synthetic
 from ftpbc.analytics.sources import ARCHIVE_FOLDERS, ArchiveSource
 from ftpbc.config.servers import ServerConfig
 from ftpbc.transport.local import LocalTransport
+from tests import plain_figures, synthetic
 
 MIB = 2**20
 
@@ -114,8 +114,8 @@ def load() -> list[float]:
 # ----------------------------------------------------------------------------- the two sides
 
 def plain_pass(sources: list[ArchiveSource], out: Path) -> dict[str, list[dict[str, Any]]]:
-    """The reference: ``ftpbc.analytics.plain`` (scandir, the same parser, dicts), CSV outputs."""
-    res = plain.run(sources)
+    """The reference: ``tests/plain_figures.py`` (scandir, the same parser, dicts), CSV outputs."""
+    res = plain_figures.run(sources)
     out.mkdir(parents=True, exist_ok=True)
     for stem, rows in (("figures", res.figures), ("nodes", res.nodes), ("unanswered", res.unanswered)):
         if rows:

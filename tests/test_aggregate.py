@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from ftpbc.analytics import synthetic
 from ftpbc.analytics.job import Options, Result, run
 from ftpbc.analytics.mirror import update_mirror
 from ftpbc.analytics.sources import ArchiveSource
 from ftpbc.exchange.area import parse_archive_name
 from ftpbc.transport.local import LocalTransport
+from tests import synthetic
 from tests.servers.handle import ServerHandle
 
 pytestmark = pytest.mark.slow

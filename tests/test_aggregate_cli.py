@@ -19,12 +19,11 @@ from typing import Any
 
 import pytest
 
-from ftpbc.analytics import synthetic
 from ftpbc.analytics.sources import sources_from_config
 from ftpbc.config.loader import load_config
 from ftpbc.exchange.area import parse_archive_name
 from ftpbc.transport.local import LocalTransport
-from tests import test_aggregate
+from tests import synthetic, test_aggregate
 from tests.servers.handle import ServerHandle
 from tests.test_bad_input import main_in_process, one_line
 

@@ -8,7 +8,7 @@ bad escapes, bytes that are not UTF-8 once decoded, empty ids, too many fields).
 in every archive folder, with each endpoint's naming, by ``records.parse_record`` (Python) and
 by ``sqlnames.parse_names`` (the JVM): every column must be the same.  Then whole archives made
 of such names: the job's figures, per-node figures and unanswered list must equal the plain
-Python pass's (``ftpbc.analytics.plain``), row for row.
+Python pass's (``tests/plain_figures.py``), row for row.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from ftpbc.analytics import plain
 from ftpbc.analytics.job import Options, run
 from ftpbc.analytics.records import RAW_FIELDS, ddl, parse_record
 from ftpbc.analytics.sources import ArchiveSource
@@ -30,7 +29,7 @@ from ftpbc.exchange.envelope import DropboxmqCodec, FtpbcCodec, Headers
 from ftpbc.patterns import Pattern
 from ftpbc.patterns.expand import ExpandContext, expand
 from ftpbc.patterns.grammar import parse
-from tests import test_aggregate
+from tests import plain_figures, test_aggregate
 
 pytestmark = pytest.mark.slow
 
@@ -261,7 +260,7 @@ def test_job_figures_equal_the_plain_pass_on_every_naming_form(spark: Any, tmp_p
                     _write(root, s, folder, name, 3, t0)
     out = tmp_path / "out"
     res = run(Options(sources=sources, out=out, progress=False, print_table=False), spark=spark)
-    ref = plain.run(sources)
+    ref = plain_figures.run(sources)
 
     import pyarrow.parquet as pq
 

@@ -18,11 +18,10 @@ from typing import Any
 
 import pytest
 
-from ftpbc.analytics import synthetic
 from ftpbc.analytics.compact import compact
 from ftpbc.analytics.sources import ARCHIVE_FOLDERS, ArchiveSource
 from ftpbc.transport.local import LocalTransport
-from tests import test_aggregate
+from tests import synthetic, test_aggregate
 from tests.servers.handle import ServerHandle
 
 pytestmark = pytest.mark.slow

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from ftpbc.analytics import synthetic
 from ftpbc.analytics.sources import sources_from_config
 from ftpbc.config.loader import load_config
 from ftpbc.transport.local import LocalTransport
+from tests import synthetic
 from tests.spark_cluster import SparkCluster, spark_cluster
 from tests.support import ftpbc_env, run_ftpbc
 

@@ -10,10 +10,12 @@ Modules, one job each:
 ``listing``   local archive folders listed by the driver into Parquet for Spark
 ``mirror``    incremental local mirror of remote archive listings (FTP, FTPS, SFTP)
 ``figures``   the Spark computations
-``plain``     the same figures in plain Python: the reference the job is checked against
 ``chart``     the PNG chart
 ``compact``   archive compaction into a Parquet dataset, journaled removals
 ``job``       the whole run; ``main()`` for ``spark-submit``
+
+The same figures in plain Python, the reference the job is checked against, and synthetic
+archives are test code (``tests/plain_figures.py``, ``tests/synthetic.py``), not shipped.
 
 Nothing here imports pyspark at module level except ``figures`` and ``sqlnames``, which are
 only imported when the ``aggregate`` command runs.

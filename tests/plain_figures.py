@@ -7,7 +7,8 @@ per-name parser (:func:`ftpbc.analytics.records.parse_record`), and the definiti
 formula (pyspark 4.x: ``lower + (pos - floor(pos)) * (higher - lower)``, checked on 900 cases), so
 that the two sides agree to the last bit, not only to a tolerance.
 
-Used by ``bench/bench_aggregate.py`` (the "plain Python" column) and the aggregate tests.  Not
+Used by ``bench/bench_aggregate.py`` (the "plain Python" column) and the aggregate tests; not part
+of the package.  Not
 guaranteed to scale: it holds every request of the archive in memory.  Local folders only (no
 mirror, no compacted dataset, hence no de-duplication).
 """
