@@ -63,18 +63,19 @@ def deliver_example(handle: ServerHandle, base: str) -> list[dict[str, Any]]:
     asset = {"asset": "^[^:]*$"}
     return [
         {"name": "tcp", "capacity": 2, "max_idle": 1800,
-         "properties": [{**asset, "uri": "^(ftp|ftps|sftp|file)://"}], "uri_template": ["##uri##"]},
+         "properties": [{**asset, "uri": "^(ftp|ftps|sftp|file)://"}], "uri_template": ["##uri##"],
+         "allow": [f"{prefix}/tcp"]},
         {"name": "agent", "capacity": 2, "max_idle": 1800,
          "properties": [{"short_name": "^Agent$", **asset}],
-         "uri_template": [f"{prefix}/agents/", "##asset##"]},
+         "uri_template": [f"{prefix}/agents/", "##asset##"], "allow": [f"{prefix}/agents"]},
         {"name": "flow", "capacity": 2, "max_idle": 1800,
          "properties": [{"short_name": "^Flow$", **asset}], "uri_template": ["endpoint:flow"]},
         {"name": "console", "capacity": 2, "max_idle": 1800,
          "properties": [{"short_name": "^Console$", **asset}],
-         "uri_template": [f"{prefix}/console/##asset##"]},
+         "uri_template": [f"{prefix}/console/##asset##"], "allow": [f"{prefix}/console"]},
         {"name": "wmq_q", "capacity": 2, "max_idle": 1800,
          "properties": [{"HostName": "^.+$", "QueueName": "^.+$"}], "uri_template": wmq,
-         "uri_substitution": subs, "default_properties": port},
+         "uri_substitution": subs, "default_properties": port, "allow": [f"{prefix}/queues"]},
         {"name": "wmq_t", "capacity": 2, "max_idle": 1800,
          "properties": [{"HostName": "^.+$", "TopicName": "^.+$"}],
          "uri_template": ["topic:", "##TopicName##"],
@@ -433,17 +434,18 @@ def test_hostile_properties_go_to_failure_with_their_reason_and_nothing_leaves_t
         "servers": {"srv": local_server.config(name="srv")},
         "endpoints": {"events": {"server": "srv", "repository": f"{base}/events", **FAST}},
         "routes": {"r": {"source": "events", "failure": f"{prefix}/failed", "rulesets": [
-            {"name": "own", "properties": [{"uri": "."}], "uri_template": ["##uri##"]},
+            {"name": "own", "properties": [{"uri": "."}], "uri_template": ["##uri##"],
+             "allow": [f"{prefix}/assets"]},
             {"name": "asset", "properties": [{"asset": "."}],
-             "uri_template": [f"{prefix}/assets/", "##asset##"]}]}},
+             "uri_template": [f"{prefix}/assets/", "##asset##"], "allow": [f"{prefix}/assets"]}]}},
     })
     hostile = {
         b"climb": ({"asset": "../../escape"}, "'..'"),
         b"inner": ({"asset": "a/../../b"}, "'..'"),
         b"encoded": ({"asset": "%2e%2e/%2e%2e/escape"}, "climbs"),
         b"long": ({"asset": "y" * 150}, "over the limit"),
-        b"control": ({"asset": "a\tb"}, "control character"),
-        b"elsewhere": ({"uri": "file:///etc"}, "matches no configured server"),
+        b"control": ({"asset": "a\tb"}, "control or format character U+0009"),
+        b"elsewhere": ({"uri": "file:///etc"}, "outside the allow list"),
         b"password": ({"uri": "ftp://app:pw@127.0.0.1:21/x"}, "carries a password"),
     }
     with Client(config.with_node_id("n1.client1")) as client:

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
 from ftpbc.config.loader import parse_config
-from ftpbc.config.routes import match_server
+from ftpbc.config.routes import AllowList, Fence, match_server
 from ftpbc.config.servers import ServerConfig
 from ftpbc.errors import ConfigError
 from ftpbc.routing.rules import RuleError, Ruleset, first_match, with_defaults
@@ -34,12 +35,19 @@ def test_templates_append_by_position_and_substitutions_edit_the_current_text() 
     wmq = UriTemplate.parse(["ftp://app@##HostName##", ":##port##", "/queues/##QueueName##"],
                             [None, "s/^:$//"])
     assert wmq.render(values(HostName="h", port="2121", QueueName="q1")) == "ftp://app@h:2121/queues/q1"
-    # a missing value is empty, and the substitution drops the lone ':'
-    assert wmq.render(values(HostName="h", QueueName="q1")) == "ftp://app@h/queues/q1"
+    # a missing value is a failure...
+    with pytest.raises(TemplateError, match=r"##port## is missing; write ##port:-## in the template"):
+        wmq.render(values(HostName="h", QueueName="q1"))
+    # ... unless the template gives it a default: empty here, and the substitution drops the lone ':'
+    optional = UriTemplate.parse(["ftp://app@##HostName##", ":##port:-##", "/queues/##QueueName##"],
+                                 [None, "s/^:$//"])
+    assert optional.render(values(HostName="h", QueueName="q1")) == "ftp://app@h/queues/q1"
+    assert optional.render(values(HostName="h", port="21", QueueName="q1")) == "ftp://app@h:21/queues/q1"
 
 
 def test_null_templates_let_several_substitutions_edit_one_text() -> None:
-    t = UriTemplate.parse(["topic:##TopicName##", None, None], ["s/\\./_/g", "s/^topic:$/topic:none/", None])
+    t = UriTemplate.parse(["topic:##TopicName:-##", None, None],
+                          ["s/\\./_/g", "s/^topic:$/topic:none/", None])
     assert t.render(values(TopicName="a.b.c")) == "topic:a_b_c"
     assert t.render(values()) == "topic:none"
 
@@ -64,6 +72,49 @@ def test_hostile_values_are_refused_never_substituted(value: str, why: str) -> N
     t = UriTemplate.parse(["file:///routes/##asset##"])
     with pytest.raises(TemplateError, match=why):
         t.render(values(asset=value))
+
+
+#: every category a value may not hold, not only ASCII controls: C1 (U+0085 NEL), line and paragraph
+#: separators, format characters (zero width space, right-to-left override, byte order mark)
+UNICODE_BREAKERS = ["\u0085", "\u2028", "\u2029", "\u200b", "\u202e", "\ufeff", "\x7f"]
+
+
+@pytest.mark.parametrize("char", UNICODE_BREAKERS)
+def test_values_and_paths_refuse_every_control_and_format_character(char: str) -> None:
+    t = UriTemplate.parse(["file:///routes/##asset##"])
+    code = re.escape(f"U+{ord(char):04X}")
+    with pytest.raises(TemplateError, match=f"##asset## .* contains a control or format character {code}"):
+        t.render(values(asset=f"a{char}b"))
+    # nor can a URL smuggle one in percent-encoded (decoded before it is checked)
+    encoded = "".join(f"%{b:02X}" for b in char.encode("utf-8"))
+    with pytest.raises(TemplateError, match=f"the path holds a control or format character {code}"):
+        parse_destination(f"ftp://h/in/a{encoded}b")
+    with pytest.raises(TemplateError, match="control or format character"):  # nor a default
+        UriTemplate.parse([f"file:///routes/##asset:-a{char}##"])
+
+
+def test_a_missing_or_empty_value_fails_unless_the_template_gives_a_default() -> None:
+    t = UriTemplate.parse(["file:///routes/", "##asset##"])
+    with pytest.raises(TemplateError, match="##asset## is missing"):
+        t.render(values())  # never file:///routes/, the parent directory
+    with pytest.raises(TemplateError, match="##asset## is empty"):
+        t.render(values(asset=""))
+    assert UriTemplate.parse(["file:///routes/", "##asset:-##"]).render(values()) == "file:///routes/"
+    assert UriTemplate.parse(["file:///r/##asset:-none##"]).render(values(asset="")) == "file:///r/none"
+    assert UriTemplate.parse(["file:///r/##asset:-none##"]).render(values(asset="a1")) == "file:///r/a1"
+    with pytest.raises(TemplateError, match=r"'\.\.'"):
+        UriTemplate.parse(["file:///r/##asset:-../x##"])
+
+
+@pytest.mark.parametrize("templates, subs, kind", [
+    (["endpoint:##name##"], [], "endpoint"), (["topic:", "##t##"], [None, "s/x/y/"], "topic"),
+    (["topic:##t##", None], [None, "s/^topic:/file:\\/\\/\\//"], None),  # edited while current
+    (["topic:x"], ["s/^topic:/ftp:/"], None), (["##uri##"], [], None), (["file:///x/##a##"], [], None),
+])
+def test_a_template_fixed_to_endpoints_or_topics_is_known_as_such(templates: list[str | None],
+                                                                   subs: list[str | None],
+                                                                   kind: str | None) -> None:
+    assert UriTemplate.parse(templates, subs).fixed_kind() == kind
 
 
 def test_a_uri_cannot_grow_without_bound() -> None:
@@ -205,8 +256,8 @@ routes:
     ("r: {source: events, rulesets: [{name: a, uri_template: [x]}, {name: a, uri_template: [y]}]}",
      "used twice"),
     ("r: {source: events, rulesets: []}", "at least one ruleset"),
-    ("r: {source: events, rulesets: [{name: a, uri_template: [x]}]}\n"
-     "  q: {source: events, rulesets: [{name: a, uri_template: [x]}]}", "source of route"),
+    ("r: {source: events, rulesets: [{name: a, uri_template: ['endpoint:audit']}]}\n"
+     "  q: {source: events, rulesets: [{name: a, uri_template: ['endpoint:audit']}]}", "source of route"),
 ])
 def test_bad_routes_are_one_line_naming_the_key(routes: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:
@@ -257,5 +308,127 @@ def test_the_example_routes_each_kind_of_message_where_its_comments_say(
     assert where(HostName="127.0.0.1", QueueName="Q1", port="2222") == ("wmq_q", None)  # no ftp server there
     assert where(HostName="h", TopicName="orders.eu") == ("wmq_t", "topic:orders_eu")
     assert where(short_name="Agent", asset="../x")[1] == "##asset## '../x' contains '..'"
+    # each templated directory ruleset declares where it may deliver: nothing else is allowed
+    assert route.rulesets[0].allow == ("sftp://app@127.0.0.1:2222/srv/in",)
+    tcp = AllowList.of(route.rulesets[0].allow, config.servers)
+    for uri in ("ftp://app@127.0.0.1:2121/exchange/flow/inbox", "sftp://app@127.0.0.1:2222/srv/agents/x"):
+        target = parse_destination(uri)
+        assert not tcp.permits(target, match_server(config.servers, target)), uri
+    assert [(r.name, r.allow) for r in route.rulesets if r.compiled().template.templated and not r.allow] == [
+        ("wmq_t", None)]  # a topic template: only this file's topics
     assert where(short_name="Other") == (None, None)
     assert (route.failure, route.nohit) == ("endpoint:failed", "ftp://app@127.0.0.1:2121/exchange/nohit")
+
+
+# --------------------------------------------------------------------------- the fence
+
+FENCE_BASE = """
+servers:
+  s: {url: "file:///tmp/ftpbc-routes"}
+  other: {url: "file:///tmp/ftpbc-other"}
+endpoints:
+  events: {server: s, repository: /events}
+  audit: {server: s, repository: /audit}
+topics:
+  news: {server: s, repository: /topics/news}
+"""
+
+
+def fence_config(ruleset: str, route_extra: str = "") -> Any:
+    return parse_config(FENCE_BASE + f"""
+routes:
+  r:
+    source: events{route_extra}
+    rulesets:
+      - {ruleset}
+""", source="ftpbc.yaml")
+
+
+@pytest.mark.parametrize("ruleset, key, message", [
+    # a destination from message values without an allow list
+    ("{name: own, uri_template: ['##uri##']}", "routes.r.rulesets.0.uri_template",
+     "ruleset 'own' builds its destination from message properties (##uri##) and declares no allow list"),
+    ("{name: a, uri_template: ['file:///tmp/ftpbc-routes/out/', '##asset##']}",
+     "routes.r.rulesets.0.uri_template", "declares no allow list"),
+    # allow entries that name nothing configured, or an exchange area
+    ("{name: a, uri_template: ['##uri##'], allow: ['ftp://app@h:21/x']}", "routes.r.rulesets.0.allow.0",
+     "matches no configured server"),
+    ("{name: a, uri_template: ['##uri##'], allow: ['endpoint:nope']}", "routes.r.rulesets.0.allow.0",
+     "unknown endpoint"),
+    ("{name: a, uri_template: ['##uri##'], allow: ['file:///tmp/ftpbc-routes/out', "
+     "'file:///tmp/ftpbc-routes/audit/inbox']}", "routes.r.rulesets.0.allow.1",
+     "lies inside the exchange area of endpoint 'audit'"),
+    ("{name: a, uri_template: ['##uri##'], allow: []}", "routes.r.rulesets.0.allow", "empty list"),
+    ("{name: a, uri_template: ['##uri##'], allow: ['file:///x/##a##']}", "routes.r.rulesets.0.allow",
+     "no ##name## templates"),
+    # fixed destinations inside an endpoint's or a topic's area, by any server name that reaches it
+    ("{name: a, uri_template: ['file:///tmp/ftpbc-routes/audit/inbox']}", "routes.r.rulesets.0.uri_template",
+     "lies inside the exchange area of endpoint 'audit'"),
+    ("{name: a, uri_template: ['file:///tmp/ftpbc-routes/audit']}", "routes.r.rulesets.0.uri_template",
+     "endpoint 'audit'"),
+    ("{name: a, uri_template: ['file:///tmp/ftpbc-routes/topics/news/incoming/inbox']}",
+     "routes.r.rulesets.0.uri_template", "topic 'news'"),
+    ("{name: a, uri_template: ['file:///tmp/ftpbc-routes/events/inerror']}",
+     "routes.r.rulesets.0.uri_template", "endpoint 'events'"),
+    ("{name: a, uri_template: ['endpoint:nope']}", "routes.r.rulesets.0.uri_template", "unknown endpoint"),
+    ("{name: a, uri_template: ['endpoint:events']}", "routes.r.rulesets.0.uri_template", "own source"),
+    ("{name: a, uri_template: ['http://x/']}", "routes.r.rulesets.0.uri_template", "expected endpoint"),
+])
+def test_destinations_outside_the_fence_are_refused_at_load_naming_the_key(ruleset: str, key: str,
+                                                                           message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        fence_config(ruleset)
+    text = str(info.value)
+    assert "\n" not in text and text.startswith("ftpbc.yaml:"), text
+    assert f"{key}: " in text and message in text, text
+
+
+def test_outlinks_inside_an_exchange_area_are_refused_at_load() -> None:
+    with pytest.raises(ConfigError, match=r"routes\.r\.failure: .* lies inside the exchange area of endpoint "
+                                          "'audit'"):
+        fence_config("{name: a, uri_template: ['endpoint:audit']}",
+                     "\n    failure: file:///tmp/ftpbc-routes/audit/inbox")
+
+
+def test_destinations_inside_the_fence_load() -> None:
+    config = fence_config("{name: a, uri_template: ['##uri##'], allow: ['file:///tmp/ftpbc-routes/out', "
+                          "'endpoint:audit', 'topic:news']}")
+    assert config.routes["r"].rulesets[0].allow is not None
+    fence_config("{name: a, uri_template: ['endpoint:##x##']}")  # endpoints and topics only: no list needed
+    fence_config("{name: a, uri_template: ['topic:', '##x##'], uri_substitution: [null, 's/a/b/']}")
+    fence_config("{name: a, uri_template: ['file:///tmp/ftpbc-routes/eventsX']}")  # beside, not inside
+    fence_config("{name: a, uri_template: ['file:///tmp/ftpbc-routes']}")  # above the areas
+
+
+def test_an_allow_list_admits_its_directories_and_below_and_its_names_only() -> None:
+    config = fence_config("{name: a, uri_template: ['##uri##'], allow: ['file:///tmp/ftpbc-routes/out', "
+                          "'endpoint:audit']}")
+    allow = AllowList.of(config.routes["r"].rulesets[0].allow or (), config.servers)
+    fence = Fence.of(config.servers, config.endpoints, config.topics)
+
+    def permits(uri: str) -> bool:
+        target = parse_destination(uri)
+        found = match_server(config.servers, target) if target.kind == "directory" else None
+        return allow.permits(target, found)
+
+    assert permits("file:///tmp/ftpbc-routes/out") and permits("file:///tmp/ftpbc-routes/out/a/b")
+    assert permits("endpoint:audit")
+    assert not permits("file:///tmp/ftpbc-routes/outside") and not permits("file:///tmp/ftpbc-routes")
+    assert not permits("endpoint:events") and not permits("topic:news")
+    assert not permits("file:///tmp/ftpbc-other/out")  # another server entirely
+    assert fence.area_holding("s", "/audit") == "endpoint 'audit'"
+    assert fence.area_holding("s", "/audit/inbox/x") == "endpoint 'audit'"
+    assert fence.area_holding("s", "/auditX") is None and fence.area_holding("s", "/") is None
+    assert fence.area_holding("other", "/audit") is None
+
+
+def test_the_fence_sees_one_place_whichever_server_name_reaches_it() -> None:
+    servers = {"app": ServerConfig.from_url("ftp://app@127.0.0.1:2121/", password="pw", name="app"),
+               "tls": ServerConfig.from_url("ftps://ops@127.0.0.1:2121/exchange", password="pw", name="tls"),
+               "far": ServerConfig.from_url("ftp://app@127.0.0.2:2121/", password="pw", name="far")}
+    areas: dict[str, Any] = {"audit": parse_config(FENCE_BASE).endpoints["audit"].model_copy(
+        update={"server": "app", "repository": "/exchange/audit"})}
+    fence = Fence.of(servers, areas, {})
+    assert fence.area_holding("tls", "/audit/inbox") == "endpoint 'audit'"  # another user, the same place
+    assert fence.area_holding("app", "/exchange/audit/instage") == "endpoint 'audit'"
+    assert fence.area_holding("far", "/exchange/audit/inbox") is None  # another host

@@ -9,18 +9,37 @@ delivered to ``failure`` (either an endpoint or a directory URI); without one, t
 the source endpoint's error directory with their reason.
 
 Everything is checked when the configuration loads: patterns compile, substitutions parse,
-outlinks name a known endpoint, topic or configured server.  What a message's values make of a
-template is checked per message (:mod:`ftpbc.routing.templates`).
+outlinks, fixed destinations and ``allow`` entries name a known endpoint, topic or configured
+server.  What a message's values make of a template is checked per message
+(:mod:`ftpbc.routing.templates`, :class:`AllowList`, :class:`Fence`).
+
+The fence (docs/routing.md, "Where a route may deliver"):
+
+* A ruleset whose destination is built from message values (a ``##name##`` template) delivers
+  only inside its ``allow`` list: directory URLs (that directory and everything below it, on
+  the server the URL names), ``endpoint:NAME``, ``topic:NAME``.  Without an ``allow`` list such
+  a ruleset is refused at load, unless its template can only make ``endpoint:``/``topic:``
+  destinations (it may then name any endpoint or topic of the configuration but its source).
+* No directory destination lies inside an endpoint's or a topic's repository, whatever server
+  name reaches it: a message for an endpoint goes through ``endpoint:NAME`` (its naming, its
+  stage directory), never into its boxes by path.  Refused at load for fixed destinations,
+  outlinks and ``allow`` entries, per message for templated ones.
+
+Not fenced: transfers' directories (a partner's free-form layout) and anything outside the
+configured servers, which no route can reach anyway.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ftpbc.config.servers import DEFAULT_PORTS, ServerConfig
+from ftpbc.paths import normalize
 from ftpbc.routing.rules import RuleError, Ruleset
 from ftpbc.routing.templates import Target, TemplateError, parse_destination
 
@@ -57,6 +76,26 @@ class RulesetConfig(_Frozen):
     max_idle: float | None = Field(default=None, gt=0)
     #: retries of a failed delivery before the message goes to ``failure``; default the route's
     max_retry: int | None = Field(default=None, ge=0, le=100)
+    #: where a destination built from message values may go: directory URLs (that directory
+    #: and below), ``endpoint:NAME``, ``topic:NAME``; none: see the module's docstring
+    allow: tuple[str, ...] | None = None
+
+    @field_validator("allow")
+    @classmethod
+    def _allow(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("allow: an empty list would refuse every message; list where the "
+                             "ruleset may deliver, or remove the key")
+        for i, entry in enumerate(v):
+            if "##" in entry:
+                raise ValueError(f"allow[{i}]: {entry!r} is fixed: no ##name## templates")
+            try:
+                parse_destination(entry)
+            except TemplateError as exc:
+                raise ValueError(f"allow[{i}]: {exc}") from None
+        return v
 
     @field_validator("name")
     @classmethod
@@ -164,9 +203,110 @@ def match_server(servers: Mapping[str, ServerConfig], target: Target) -> tuple[s
     return found[0] if len(found) == 1 else None
 
 
-def check_routes(routes: Mapping[str, RouteConfig], endpoints: Mapping[str, object],
-                 topics: Mapping[str, object], servers: Mapping[str, ServerConfig]) -> None:
-    """ValueError naming the key for a route whose source or outlinks do not exist."""
+class _Area(Protocol):
+    """An endpoint's or a topic's configuration, as far as the fence needs it."""
+
+    @property
+    def server(self) -> str: ...
+
+    @property
+    def repository(self) -> str: ...
+
+
+def _place(server: ServerConfig, path: str) -> tuple[tuple[str, ...], str]:
+    """Where ``path`` (below ``server``'s base) is, whichever configured name reaches it: the
+    machine (host and port, or this one's file system) and the absolute path there."""
+    where = ("file",) if server.scheme == "file" else ("net", server.host.lower(), str(server.port))
+    return where, normalize(server.base.rstrip("/") + "/" + path.lstrip("/"))
+
+
+def _below(path: str, prefix: str) -> bool:
+    """Whether ``path`` is ``prefix`` or lies below it (both normal and absolute)."""
+    return prefix == "/" or path == prefix or path.startswith(prefix + "/")
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The exchange areas (endpoints' and topics' repositories) no directory destination may lie
+    in; a server's two names (two users, ftp and ftps on one port) count as one server."""
+
+    servers: Mapping[str, ServerConfig]
+    areas: tuple[tuple[str, tuple[str, ...], str], ...]
+
+    @classmethod
+    def of(cls, servers: Mapping[str, ServerConfig], endpoints: Mapping[str, _Area],
+           topics: Mapping[str, _Area]) -> Fence:
+        areas = []
+        for kind, table in (("endpoint", endpoints), ("topic", topics)):
+            for name, area in table.items():
+                server = servers.get(area.server)
+                if server is not None:
+                    areas.append((f"{kind} {name!r}", *_place(server, area.repository)))
+        return cls(servers, tuple(areas))
+
+    def area_holding(self, server: str, path: str) -> str | None:
+        """``endpoint 'NAME'`` (or ``topic 'NAME'``) whose repository holds directory ``path``
+        of configured server ``server``; None when it lies in no exchange area."""
+        where, absolute = _place(self.servers[server], path)
+        for label, area_where, area_path in self.areas:
+            if area_where == where and _below(absolute, area_path):
+                return label
+        return None
+
+    def refusal(self, server: str, path: str) -> str | None:
+        """Why a directory destination there is refused, or None."""
+        label = self.area_holding(server, path)
+        if label is None:
+            return None
+        return (f"lies inside the exchange area of {label}: deliver to an endpoint with endpoint:NAME "
+                "(or topic:NAME), never into its directories")
+
+
+@dataclass(frozen=True)
+class AllowList:
+    """A ruleset's ``allow`` entries, resolved: the endpoints, topics and directories (server
+    name, path below its base: that directory and everything below it) it may deliver to."""
+
+    entries: tuple[str, ...]
+    endpoints: frozenset[str]
+    topics: frozenset[str]
+    directories: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, entries: tuple[str, ...], servers: Mapping[str, ServerConfig]) -> AllowList:
+        """ValueError naming the entry (``allow[1]: ...``) that names no configured server
+        (the configuration's load checks that first)."""
+        endpoints, topics, directories = set(), set(), []
+        for i, entry in enumerate(entries):
+            target = parse_destination(entry)
+            if target.kind == "endpoint":
+                endpoints.add(target.name)
+            elif target.kind == "topic":
+                topics.add(target.name)
+            else:
+                found = match_server(servers, target)
+                if found is None:
+                    raise ValueError(f"allow[{i}]: {entry!r} matches no configured server (by scheme, host, "
+                                     "port and user, below its base directory)")
+                directories.append(found)
+        return cls(entries, frozenset(endpoints), frozenset(topics), tuple(directories))
+
+    def permits(self, target: Target, found: tuple[str, str] | None) -> bool:
+        """Whether ``target`` (``found``: the server and path a directory target resolved to)
+        lies inside this list."""
+        if target.kind == "endpoint":
+            return target.name in self.endpoints
+        if target.kind == "topic":
+            return target.name in self.topics
+        return found is not None and any(
+            found[0] == server and _below(found[1], prefix) for server, prefix in self.directories)
+
+
+def check_routes(routes: Mapping[str, RouteConfig], endpoints: Mapping[str, _Area],
+                 topics: Mapping[str, _Area], servers: Mapping[str, ServerConfig]) -> None:
+    """ValueError naming the key for a route whose source or outlinks do not exist, or whose
+    destinations leave the fence (see the module's docstring)."""
+    fence = Fence.of(servers, endpoints, topics)
     sources: dict[str, str] = {}
     for name, route in routes.items():
         if not RULESET_RE.fullmatch(name):
@@ -193,6 +333,50 @@ def check_routes(routes: Mapping[str, RouteConfig], endpoints: Mapping[str, obje
                 raise ValueError(f"routes.{name}.{key}: unknown topic {target.name!r}")
             if target.kind == "endpoint" and target.name == route.source:
                 raise ValueError(f"routes.{name}.{key}: the source itself would route its messages again")
-            if target.kind == "directory" and match_server(servers, target) is None:
-                raise ValueError(f"routes.{name}.{key}: {uri!r} matches no configured server (by scheme, "
-                                 "host, port and user, below its base directory)")
+            problem = _destination_problem(target, route.source, endpoints, topics, servers, fence)
+            if problem is not None:
+                raise ValueError(f"routes.{name}.{key}: {uri!r} {problem}")
+        for i, rs in enumerate(route.rulesets):
+            _check_ruleset(f"routes.{name}.rulesets.{i}", rs, route.source, endpoints, topics, servers, fence)
+
+
+def _destination_problem(target: Target, source: str, endpoints: Mapping[str, _Area],
+                         topics: Mapping[str, _Area], servers: Mapping[str, ServerConfig],
+                         fence: Fence) -> str | None:
+    """Why a fixed destination cannot be one, or None."""
+    if target.kind == "endpoint" and target.name not in endpoints:
+        return f"names an unknown endpoint {target.name!r}"
+    if target.kind == "topic" and target.name not in topics:
+        return f"names an unknown topic {target.name!r}"
+    if target.kind == "endpoint" and target.name == source:
+        return "is the route's own source: it would route its messages again"
+    if target.kind != "directory":
+        return None
+    found = match_server(servers, target)
+    if found is None:
+        return "matches no configured server (by scheme, host, port and user, below its base directory)"
+    return fence.refusal(*found)
+
+
+def _check_ruleset(key: str, rs: RulesetConfig, source: str, endpoints: Mapping[str, _Area],
+                   topics: Mapping[str, _Area], servers: Mapping[str, ServerConfig], fence: Fence) -> None:
+    template = rs.compiled().template
+    for i, entry in enumerate(rs.allow or ()):
+        problem = _destination_problem(parse_destination(entry), source, endpoints, topics, servers, fence)
+        if problem is not None:
+            raise ValueError(f"{key}.allow.{i}: {entry!r} {problem}")
+    if template.templated:
+        if rs.allow is None and template.fixed_kind() is None:
+            names = ", ".join(f"##{n}##" for n in template.placeholders())
+            raise ValueError(f"{key}.uri_template: ruleset {rs.name!r} builds its destination from message "
+                             f"properties ({names}) and declares no allow list: add allow: [...] naming "
+                             "the directory URLs (and endpoint:/topic: names) it may deliver to")
+        return
+    try:
+        uri = template.render(lambda _: None)
+        target = parse_destination(uri)
+    except TemplateError as exc:
+        raise ValueError(f"{key}.uri_template: {exc}") from None
+    problem = _destination_problem(target, source, endpoints, topics, servers, fence)
+    if problem is not None:
+        raise ValueError(f"{key}.uri_template: {uri!r} {problem}")

@@ -14,10 +14,12 @@ Where a message goes:
 * the first ruleset that selects it (:mod:`ftpbc.routing.rules`), to the URI its template
   builds (:mod:`ftpbc.routing.templates`), with the ruleset's default properties added;
 * no ruleset: ``nohit``;
-* a template that fails (a hostile value, an unknown endpoint, a URL that matches no configured
-  server), a request (a route carries one-way messages: no reply could come), or a delivery
-  that still fails after ``max_retry`` retries: ``failure``, its reason in ``<name>.reason``
-  beside it (a directory) or in its ``route_failure`` property (an endpoint or topic);
+* a template that fails (a hostile or missing value, an unknown endpoint, a URL that matches no
+  configured server, a destination outside its ruleset's ``allow`` list or inside an endpoint's
+  or a topic's area: :mod:`ftpbc.config.routes`), a request (a route carries one-way messages:
+  no reply could come), or a delivery that still fails after ``max_retry`` retries:
+  ``failure``, its reason in ``<name>.reason`` beside it (a directory) or in its
+  ``route_failure`` property (an endpoint or topic);
 * a destination endpoint whose bounded inbox stays full through the retries: as a sender's
   overflow, by that endpoint's ``on_overflow``: ``reject``, to ``failure`` (reason ``queue
   full: ...``); ``dead_letter``, filed in its dead letters with the reason beside it;
@@ -47,7 +49,7 @@ from typing import BinaryIO
 from ftpbc.cluster.liveness import Liveness, LoopGuard
 from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.config.models import Config, EndpointConfig
-from ftpbc.config.routes import match_server
+from ftpbc.config.routes import AllowList, Fence, match_server
 from ftpbc.config.servers import ServerConfig
 from ftpbc.errors import ConfigError, TransportError
 from ftpbc.exchange import route
@@ -61,7 +63,7 @@ from ftpbc.node.destinations import Destination, Destinations, InboxFull, retry_
 from ftpbc.node.provider import Poller
 from ftpbc.paths import join
 from ftpbc.routing.rules import Ruleset, first_match, text_of, with_defaults
-from ftpbc.routing.templates import Lookup, TemplateError, parse_destination
+from ftpbc.routing.templates import Lookup, Target, TemplateError, parse_destination
 from ftpbc.transport.base import Transport
 
 log = logging.getLogger("ftpbc.route")
@@ -128,6 +130,9 @@ class Router(Poller):
         self.node_id = lifecycle.node_id
         self.rulesets: tuple[Ruleset, ...] = self.route.compiled()
         self._settings = {r.name: r for r in self.route.rulesets}
+        self._allow = {r.name: AllowList.of(r.allow, config.servers) for r in self.route.rulesets
+                       if r.allow is not None}
+        self._fence = Fence.of(config.servers, config.endpoints, config.topics)
         self.destinations = Destinations(name, self.route.max_destinations)
         self.route_stats = RouteStats()
         self._layouts: dict[str, AreaLayout] = {}
@@ -258,6 +263,8 @@ class Router(Poller):
               reason: str | None) -> Plan:
         """The plan for ``uri``; TemplateError or RouteError when it cannot be one."""
         target = parse_destination(uri)
+        if ruleset is not None and ruleset.template.templated:
+            self._check_allowed(uri, target, ruleset)
         settings = self._settings.get(ruleset.name) if ruleset is not None else None
         capacity = (settings.capacity if settings and settings.capacity else None) or self.route.capacity
         max_idle = (settings.max_idle if settings and settings.max_idle else None) or self.route.max_idle
@@ -299,6 +306,9 @@ class Router(Poller):
             raise RouteError(f"destination {uri!r} matches no configured server (by scheme, host, port and "
                              "user, below its base directory): not attempted without credentials")
         server_name, directory = found
+        refusal = self._fence.refusal(server_name, directory)
+        if refusal is not None:
+            raise RouteError(f"destination {uri!r} {refusal}")
         server = config.servers[server_name]
         name = self._file_name(claimed, env, props)
         stage_dir = join(directory, route.STAGE_DIR)
@@ -311,6 +321,20 @@ class Router(Poller):
 
         return Plan(f"{server_name}:{directory}", delivery, server, prepare_dir, capacity, max_idle,
                     max_retry, kind, ruleset.name if ruleset else None)
+
+    def _check_allowed(self, uri: str, target: Target, ruleset: Ruleset) -> None:
+        """RouteError unless a destination built from message values lies inside its ruleset's
+        ``allow`` list (without one, the load let only endpoint:/topic: templates through)."""
+        allow = self._allow.get(ruleset.name)
+        if allow is None:
+            if target.kind == "directory":
+                raise RouteError(f"destination {uri!r} is a directory built from message properties and "
+                                 f"ruleset {ruleset.name} has no allow list")
+            return
+        found = match_server(self.full_config.servers, target) if target.kind == "directory" else None
+        if not allow.permits(target, found):
+            raise RouteError(f"destination {uri!r} is outside the allow list of ruleset {ruleset.name} "
+                             f"({', '.join(allow.entries)})")
 
     def _bound(self, layout: AreaLayout, name: str, delivery: route.Delivery) -> tuple[
             Callable[[Transport], Capacity] | None, Callable[[str], route.Delivery] | None]:

@@ -12,19 +12,24 @@ the end the current text is appended.  For example, with ``HostName=h`` and no `
     -> "ftp://app@h" + "" + "/q/..."
 
 Values come from an untrusted message.  Every value substituted is checked
-(:func:`check_value`): no ``..``, no control characters, at most :data:`MAX_VALUE` characters; a
-missing value is the empty string.  The whole URI is bounded by :data:`MAX_URI`.  A failure is
-a :class:`TemplateError` naming the ruleset's template and why, never a partial URI.
+(:func:`check_value`): no ``..``, no control or format character (Unicode categories Cc, Cf,
+Zl, Zp, and lone surrogates: NUL, line breaks, U+0085, U+2028, U+200B, U+FEFF...), at most
+:data:`MAX_VALUE` characters.  A value that is missing or empty is a failure, unless the
+placeholder names a default: ``##name:-text##`` puts ``text`` (``##name:-##``: nothing) in its
+place; a default is configuration, checked as a value when the template is parsed.  The whole
+URI is bounded by :data:`MAX_URI`.  A failure is a :class:`TemplateError` naming the ruleset's
+template and why, never a partial URI.
 
 Destination URIs (:func:`parse_destination`): ``endpoint:NAME``, ``topic:NAME``, or a
 directory ``ftp|ftps|sftp://user@host[:port]/dir`` or ``file:///dir``.  Parsing checks the
-shape and the path (absolute, normal, no ``..``, no control characters, bounded segments); which
+shape and the path (absolute, normal, no ``..``, no control or format characters, bounded segments); which
 configured server a URL means is decided by the caller.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
@@ -38,8 +43,12 @@ MAX_SEGMENT = 255
 #: the deepest directory a destination may name
 MAX_DEPTH = 32
 
-_PLACEHOLDER = re.compile(r"##([A-Za-z_][A-Za-z0-9_.$-]{0,127})##")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: ``##name##`` or ``##name:-default##`` (the default: up to MAX_VALUE characters, no ``#``)
+_PLACEHOLDER = re.compile(r"##([A-Za-z_][A-Za-z0-9_.$-]{0,127})(?::-([^#]{0,128}))?##")
+#: Unicode categories no value, path or URI may hold: control (Cc, C0, DEL and C1 such as U+0085),
+#: format (Cf: U+200B, U+202E, U+FEFF...), line and paragraph separators (Zl U+2028, Zp U+2029),
+#: and surrogates (Cs: no UTF-8 encoding, no file name)
+REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _SCHEMES = ("ftp", "ftps", "sftp", "file")
 
@@ -56,9 +65,20 @@ def check_value(name: str, value: str) -> str:
         raise TemplateError(f"##{name}## is {len(value)} characters long, over the limit of {MAX_VALUE}")
     if ".." in value:
         raise TemplateError(f"##{name}## {_shown(value)} contains '..'")
-    if _CONTROL.search(value):
-        raise TemplateError(f"##{name}## {_shown(value)} contains a control character")
+    bad = refused_character(value)
+    if bad is not None:
+        raise TemplateError(f"##{name}## {_shown(value)} contains {bad}")
     return value
+
+
+def refused_character(text: str) -> str | None:
+    """``a control or format character U+XXXX (Cc)`` for the first character of ``text`` in
+    :data:`REFUSED_CATEGORIES`; None when it holds none."""
+    for c in text:
+        category = unicodedata.category(c)
+        if category in REFUSED_CATEGORIES:
+            return f"a control or format character U+{ord(c):04X} ({category})"
+    return None
 
 
 def _shown(value: str) -> str:
@@ -139,6 +159,9 @@ class UriTemplate:
         for t in templates:
             if t is not None and len(t) > MAX_URI:
                 raise TemplateError(f"template {t[:40]!r}... is longer than {MAX_URI} characters")
+            for m in _PLACEHOLDER.finditer(t or ""):
+                if m.group(2):
+                    check_value(m.group(1), m.group(2))
         subs = tuple(None if s is None or s == "" else Substitution.parse(s) for s in substitutions)
         return cls(tuple(templates), subs + (None,) * (len(templates) - len(subs)))
 
@@ -150,16 +173,46 @@ class UriTemplate:
                 seen.setdefault(m.group(1), None)
         return list(seen)
 
+    @property
+    def templated(self) -> bool:
+        """Whether message values build (part of) the URI."""
+        return bool(self.placeholders())
+
+    def fixed_kind(self) -> str | None:
+        """``endpoint`` or ``topic`` when every URI this template can build starts with that
+        kind's ``endpoint:``/``topic:`` whatever the message's values (the first template
+        starts with it literally and no substitution edits that text); None otherwise."""
+        first = self.templates[0]
+        kind = next((k for k in ("endpoint", "topic") if (first or "").startswith(k + ":")), None)
+        if kind is None:
+            return None
+        for i, sub in enumerate(self.substitutions):
+            if i > 0 and self.templates[i] is not None:
+                break  # the first text is in the URI for good
+            if sub is not None:
+                return None
+        return kind
+
     def render(self, lookup: Lookup) -> str:
-        """The URI for a message whose values ``lookup`` gives (None: missing, i.e. empty)."""
+        """The URI for a message whose values ``lookup`` gives (None: missing); TemplateError
+        for a value that is missing or empty and has no default, or is refused."""
+        def value(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            found = lookup(name)
+            if not found:
+                if default is None:
+                    raise TemplateError(f"##{name}## is {'missing' if found is None else 'empty'}; "
+                                        f"write ##{name}:-## in the template to allow that")
+                return default
+            return check_value(name, found)
+
         uri: list[str] = []
         current = ""
         for template, sub in zip(self.templates, self.substitutions, strict=True):
             if template is not None:
                 if current:
                     uri.append(current)
-                current = _PLACEHOLDER.sub(lambda m: check_value(m.group(1), lookup(m.group(1)) or ""),
-                                           template)
+                current = _PLACEHOLDER.sub(value, template)
             if sub is not None:
                 current = sub.apply(current)
             if sum(map(len, uri)) + len(current) > MAX_URI:
@@ -168,8 +221,9 @@ class UriTemplate:
         result = "".join(uri)
         if not result:
             raise TemplateError("the templates made an empty URI")
-        if _CONTROL.search(result):
-            raise TemplateError(f"the URI {_shown(result)} contains a control character")
+        bad = refused_character(result)
+        if bad is not None:
+            raise TemplateError(f"the URI {_shown(result)} contains {bad}")
         return result
 
 
@@ -201,8 +255,9 @@ def parse_destination(uri: str) -> Target:
     """The destination ``uri`` names; TemplateError saying why it cannot be one."""
     if len(uri) > MAX_URI:
         raise TemplateError(f"destination is {len(uri)} characters long, over the limit of {MAX_URI}")
-    if _CONTROL.search(uri):
-        raise TemplateError(f"destination {_shown(uri)} contains a control character")
+    bad = refused_character(uri)
+    if bad is not None:
+        raise TemplateError(f"destination {_shown(uri)} contains {bad}")
     for kind in ("endpoint", "topic"):
         if uri.startswith(kind + ":"):
             name = uri[len(kind) + 1:]
@@ -237,11 +292,15 @@ def parse_destination(uri: str) -> Target:
 
 def check_path(path: str, uri: str) -> str:
     """``path`` (decoded) made normal; TemplateError if it is relative, climbs (``..``), holds a
-    control character or a backslash, or is too deep or has a segment too long."""
+    control or format character (:data:`REFUSED_CATEGORIES`) or a backslash, or is too deep or
+    has a segment too long."""
     if not path.startswith("/"):
         raise TemplateError(f"destination {_shown(uri)}: the directory must be an absolute path")
-    if _CONTROL.search(path) or "\\" in path:
-        raise TemplateError(f"destination {_shown(uri)}: the path holds a control character or a backslash")
+    bad = refused_character(path)
+    if bad is not None:
+        raise TemplateError(f"destination {_shown(uri)}: the path holds {bad}")
+    if "\\" in path:
+        raise TemplateError(f"destination {_shown(uri)}: the path holds a backslash")
     parts = [p for p in path.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise TemplateError(f"destination {_shown(uri)}: the path climbs with '..'")
