@@ -29,6 +29,7 @@ from ftpbc.journal.store import _SAFE, _quote
 from ftpbc.paths import check_name, normalize
 from ftpbc.transport.base import Entry
 from ftpbc.transport.ftp import _parse_list_line, _parse_listing, _parse_mlsx
+from ftpbc.transport.names import LoggedOnce
 
 T = TypeVar("T")
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -131,7 +132,7 @@ def test_a_whole_listing_gives_entries_or_a_protocol_error(lines: list[str], com
     try:
         try:
             entries = _parse_listing(lines, parse, server="ftp://fuzz", path="/d", command=command,
-                                     reported=set())
+                                     reported=LoggedOnce(1000))
         except ProtocolError:
             return  # not one line parsed: a format ftpbc does not understand, refused as such
     finally:

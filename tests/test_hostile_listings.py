@@ -1,10 +1,13 @@
-"""Hostile FTP listings: odd names, odd facts, lines that do not parse, PASV elsewhere.
+"""Hostile listings: odd names, paths for names, odd facts, lines that do not parse, PASV elsewhere.
 
-A scripted server (:class:`tests.servers.hostile.HostileFTPServer`, ``mlsd`` or ``list``)
-answers a listing with crafted bytes.  In every case the good files beside the odd entries are
-listed, each odd entry is skipped and logged once (not once per poll), and nothing escapes but
-ftpbc's own errors.  A PASV reply naming a third address is not followed: ftpbc opens the data
-connection to the control connection's host (EPSV replies carry no address at all).
+A scripted server (:class:`tests.servers.hostile.HostileFTPServer`, ``mlsd`` or ``list``, and
+:class:`~tests.servers.hostile.HostileSFTPServer`, ``listing``) answers a listing with crafted
+bytes; a local directory holds names a partner could create there.  In every case the good files
+beside the odd entries are listed, each odd entry is skipped and logged once (not once per
+poll), a name that is a path is refused whole (never cut to its last part, so never claimed),
+and nothing escapes but ftpbc's own errors.  A PASV reply naming a third address is not
+followed: ftpbc opens the data connection to the control connection's host (EPSV replies carry
+no address at all).
 
 Every server here listens on loopback and is stopped by the test that started it.
 """
@@ -12,16 +15,22 @@ Every server here listens on loopback and is stopped by the test that started it
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import paramiko
 import pytest
 
 from ftpbc.config.models import Config
 from ftpbc.config.servers import ServerConfig
 from ftpbc.exchange.layout import AreaLayout
+from ftpbc.exchange.lifecycle import Lifecycle
+from ftpbc.journal import Journal
 from ftpbc.transport import open_transport
-from tests.servers.hostile import HostileFTPServer
+from ftpbc.transport.base import Entry, Transport
+from ftpbc.transport.local import LocalTransport
+from tests.servers.hostile import HostileFTPServer, HostileSFTPServer
 
 GOOD_1 = "req.0b7e8a64-5c1a-4d2e-9f3b-aa0000000001"
 GOOD_2 = "req.0b7e8a64-5c1a-4d2e-9f3b-aa0000000002"
@@ -105,7 +114,7 @@ def test_odd_names_and_facts_in_an_mlsd_listing_are_skipped_once_and_the_rest_li
     assert by_name["req.0b7e8a64-5c1a-4d2e-9f3b-aa0000000003"].mtime is None
     assert by_name["req.0b7e8a64-5c1a-4d2e-9f3b-aa0000000004"].size == -1
     assert len(skipped_first) == len(MLSD_ODD_NAMES) + len(MLSD_ODD_FACTS)
-    for marker in ("odd-cr", "odd-lf", "odd-back", "odd-nul", "odd-latin1", "name '..'",
+    for marker in ("odd-cr", "odd-lf", "odd-back", "odd-nul", "odd-latin1", "'odd/..'",
                    "fact-superscript", "fact-negative", "fact-no-type", "size=99999"):
         assert sum(marker in m for m in skipped_first) == 1, (marker, skipped_first)
 
@@ -191,3 +200,120 @@ def test_a_pasv_reply_naming_a_third_address_is_not_followed(behaviour: str, thi
         assert not any(c.startswith("EPSV") for c in server.commands)  # not advertised: PASV it was
         assert any(c.startswith("PASV") for c in server.commands)
 
+
+
+# --------------------------------------------------------------------------- names that are paths
+
+#: a request a hostile server lists as inside a subdirectory: cut to its last part, it would be
+#: claimed from the inbox as if it were there
+BEHIND = "req.0b7e8a64-5c1a-4d2e-9f3b-aa00000000b1"
+#: names that are paths, of every kind; none may be acted on, whole or in part
+PATH_NAMES = [f"sub/{BEHIND}", f"../{BEHIND}", f"/ep/inbox/{BEHIND}", f"./{BEHIND}", f"sub\\{BEHIND}",
+              f"{BEHIND}/", "sub/..", "/"]
+
+
+def _path_listing(behaviour: str) -> bytes:
+    good = [GOOD_1, GOOD_2]
+    if behaviour == "mlsd":
+        return _listing([f"type=file;size=5;modify=20260101120000; {n}".encode() for n in good + PATH_NAMES])
+    return _listing([f"-rw-r--r--    1 ftp      ftp             5 Jan 01 12:00 {n}".encode()
+                     for n in good + PATH_NAMES])
+
+
+def _refusals(caplog: pytest.LogCaptureFixture, name: str) -> int:
+    return sum(f"name {name!r}" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("behaviour", ["mlsd", "list"])
+def test_a_listed_path_is_refused_whole_never_claimed_and_the_rest_claimed(
+        behaviour: str, caplog: pytest.LogCaptureFixture, layout: AreaLayout, tmp_path: Path) -> None:
+    """An MLSD or LIST entry named ``sub/req.X`` (or ``../req.X``, ``/ep/inbox/req.X``,
+    ``sub\\req.X``...) is refused as it is, not cut to ``req.X``: a node polling the inbox never
+    claims ``req.X``, claims the good requests listed beside it, and logs each refused name
+    once, not once per poll."""
+    caplog.set_level(logging.WARNING)
+    journal = Journal(tmp_path / "journals", "node-a")
+    with HostileFTPServer(behaviour, listing=_path_listing(behaviour)) as server, \
+            open_transport(_config(server)) as t:
+        lc = Lifecycle(layout, t, journal.endpoint("ep"), "node-a")
+        try:
+            waiting = lc.waiting()
+            assert [c.name for c in lc.waiting()] == [c.name for c in waiting]  # the second poll
+            claimed, lost = lc.claim(waiting, "serve")
+        finally:
+            journal.close()
+        commands = list(server.commands)
+
+    assert sorted(c.name for c in waiting) == [GOOD_1, GOOD_2]
+    assert lost == 0 and sorted(c.path for c in claimed) == [
+        f"/ep/inselect/{GOOD_1}~node-a", f"/ep/inselect/{GOOD_2}~node-a"]
+    assert sorted(c for c in commands if c.startswith("RNFR")) == [
+        f"RNFR /ep/inbox/{GOOD_1}", f"RNFR /ep/inbox/{GOOD_2}"]
+    assert not [c for c in commands if BEHIND in c]  # not claimed, read, nor asked about
+    for name in PATH_NAMES:
+        assert _refusals(caplog, name) == 1, (name, [r.getMessage() for r in caplog.records])
+    assert "refused whole, never shortened" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def host_key() -> paramiko.PKey:
+    return paramiko.ECDSAKey.generate()
+
+
+@pytest.mark.timeout(60)
+def test_a_path_listed_by_an_sftp_server_is_refused_whole_and_the_rest_listed(
+        host_key: paramiko.PKey, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The same rule over SFTP, whose READDIR replies carry names as the server chose them:
+    paths, line breaks and bytes that are not UTF-8 are left out, each logged once, and the
+    names beside them listed (a name that is not UTF-8 does not fail the whole listing)."""
+    odd = [*(n.encode() for n in PATH_NAMES), b"odd-lf\nDELE x", b"odd-nul\x00x", b"odd-latin1-caf\xe9",
+           b".."]
+    names = [GOOD_1.encode(), *odd, GOOD_2.encode(), b"."]
+    caplog.set_level(logging.WARNING)
+    known_hosts = tmp_path / "known_hosts"
+    with HostileSFTPServer("listing", host_key, names=names) as server:
+        known_hosts.write_text(server.known_hosts_line())
+        cfg = ServerConfig.from_url(server.url, password="pw", known_hosts=known_hosts, timeout=5.0)
+        with open_transport(cfg) as t:
+            first = t.list("/ep/inbox")
+            logged = caplog.text
+            streamed: list[Entry] = []
+            assert t.scan("/ep/inbox", lambda e: streamed.append(e) or True)
+            assert caplog.text == logged  # once, not once per listing
+
+    assert [e.name for e in first] == [GOOD_1, GOOD_2]
+    assert streamed == first
+    assert first[0].size == 5 and not first[0].is_dir
+    for name in PATH_NAMES:
+        assert _refusals(caplog, name) == 1, name
+    for marker in ("odd-lf", "odd-nul", "odd-latin1"):
+        assert sum(marker in r.getMessage() for r in caplog.records) == 1, marker
+    assert len(caplog.records) == len(odd) - 1  # ".." is the parent directory: skipped silently
+
+
+def test_a_local_name_that_is_no_bare_name_is_left_out_once(tmp_path: Path,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """A partner can create files named with a backslash, a line break or bytes that are not
+    UTF-8 in a shared directory: the local transport leaves them out, logged once each, and
+    lists the files beside them."""
+    inbox = tmp_path / "exchange/ep/inbox"
+    inbox.mkdir(parents=True)
+    for name in (GOOD_1, GOOD_2, f"sub\\{BEHIND}", f"odd-lf\n{BEHIND}"):
+        (inbox / name).write_bytes(b"12345")
+    with open(os.path.join(bytes(inbox), b"odd-latin1-caf\xe9"), "wb") as fh:
+        fh.write(b"12345")
+    caplog.set_level(logging.WARNING)
+    t: Transport = LocalTransport(tmp_path / "exchange", durable=False)
+    with t:
+        first = t.list("/ep/inbox")
+        logged = len(caplog.records)
+        streamed: list[Entry] = []
+        assert t.scan("/ep/inbox", lambda e: streamed.append(e) or True)
+        assert len(caplog.records) == logged
+
+    assert sorted(e.name for e in first) == [GOOD_1, GOOD_2]
+    assert sorted(streamed, key=lambda e: e.name) == sorted(first, key=lambda e: e.name)
+    assert logged == 3
+    for marker in ("sub\\\\", "odd-lf", "odd-latin1"):
+        assert sum(marker in r.getMessage() for r in caplog.records) == 1, (marker, caplog.text)

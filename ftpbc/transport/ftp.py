@@ -18,6 +18,9 @@ listing (``scan``) names a plain path in the command, one round trip instead of 
 line is what proves the directory exists (vsftpd lists a missing one as empty, with ``226``),
 and without one a ``CWD`` decides.  Other listings go from the directory as working directory.
 ``stat`` uses ``MLST`` where available, else ``SIZE`` + ``MDTM`` (and ``CWD`` for directories).
+A listed name is taken whole or not at all (:mod:`ftpbc.transport.names`): an MLSD or LIST
+entry named ``sub/req.X`` (or holding ``\\``, NUL, a line break, or a file called ``..``) is
+skipped and logged once, never cut to ``req.X``; the rest of the listing is served.
 
 Closing a session sends ``QUIT`` (over TLS, then a close_notify) unless the server has closed
 it already.  TLS data connections set ``TCP_QUICKACK`` (Linux) after every read: a server that
@@ -86,6 +89,7 @@ from ftpbc.transport.errormap import (
     translate_ftp_reply,
     translated,
 )
+from ftpbc.transport.names import LoggedOnce, OddName, listed_name
 from ftpbc.transport.pool import Pool, breaks_session
 
 T = TypeVar("T")
@@ -103,7 +107,7 @@ MAX_REPLY = 64 * 1024
 _RECV = 8192
 #: bytes handed to a TLS data socket per write while its rate is watched (one TLS record)
 _TLS_PIECE = 16 * 1024
-#: bytes one listing line may take (a name is at most 4096 characters, see _usable)
+#: bytes one listing line may take (a name is at most MAX_NAME characters, see names.py)
 MAX_LISTING_LINE = 64 * 1024
 #: a transient 425 to EPSV/PASV is asked again this many times, after 10, 20, 40 ms
 PASSIVE_RETRIES = 3
@@ -357,7 +361,8 @@ class FTPTransport(Transport):
         self._tls = cfg.scheme == "ftps"
         self._context = self._tls_context() if self._tls else None
         self._parsed = _ParsedLines()
-        self._bad_lines: set[str] = set()
+        #: bad listing lines and refused names already logged (each once, not once per poll)
+        self._bad_lines = LoggedOnce(PARSED_LINES)
         #: whether the server lists by glob (see scan): not known until it is asked
         self.globs: bool | None = None
         #: whether ``STAT -a <dir>`` lists a directory as LIST does (see _stat_scan): not known
@@ -793,13 +798,13 @@ class FTPTransport(Transport):
                 resp = s.ftp.sendcmd(f"MLST {remote}")
                 facts = [ln for ln in resp.splitlines()[1:-1] if ln.strip()]
                 try:
-                    entry = _parse_mlsx(facts[0].lstrip()) if facts else None
-                except ValueError as exc:  # a fact that does not parse, no type, an odd name
+                    entry = _parse_mlst(facts[0].lstrip(), name) if facts else None
+                except ValueError as exc:  # a fact that does not parse, no type
                     raise ProtocolError(f"unexpected MLST reply {resp[:500]!r}: {exc}", server=self.server,
                                         path=path) from None
                 if entry is None:
                     raise ProtocolError(f"unexpected MLST reply {resp!r}", server=self.server, path=path)
-                return Entry(name, entry.size, entry.mtime, entry.is_dir)
+                return entry
             try:
                 size = int(s.ftp.sendcmd(f"SIZE {remote}").split()[1])
             except ftplib.error_perm:
@@ -1293,20 +1298,21 @@ def _chunks(stream: BinaryIO) -> Iterator[memoryview | bytes]:
 
 
 def _parse_listing(lines: Iterable[str], parse: Callable[[str], Entry | None], *, server: str, path: str,
-                   command: str, reported: set[str]) -> list[Entry]:
+                   command: str, reported: LoggedOnce) -> list[Entry]:
     """Parsed listing lines.  A line that does not parse (a fact like ``size=²``, an odd
     format) is logged once and skipped: one bad entry never hides the others.  Only a listing
     none of whose lines parse is refused, since that is a format ftpbc does not understand.
-    An entry whose name no path of ftpbc's can carry (``\\``, a line break, NUL, ``..``, bytes
-    that are not UTF-8) is skipped and logged once too, but the line did parse."""
+    An entry whose name is refused by :func:`~ftpbc.transport.names.listed_name` (a path such
+    as ``sub/req.X``, ``\\``, a line break, NUL, ``..``, bytes that are not UTF-8) is skipped
+    and logged once per name too, but the line did parse."""
     entries: list[Entry] = []
     bad: list[str] = []
-    odd: list[tuple[str, str]] = []
+    odd: list[OddName] = []
     for line in lines:
         try:
             entry = parse(line)
-        except _OddName as exc:
-            odd.append((line, str(exc)))
+        except OddName as exc:
+            odd.append(exc)
             continue
         except ValueError:
             bad.append(line)
@@ -1319,14 +1325,12 @@ def _parse_listing(lines: Iterable[str], parse: Callable[[str], Entry | None], *
                                 "unix-style LIST and RFC 3659 MLSD are understood)",
                                 server=server, path=path)
         for line in bad:
-            if line not in reported and len(reported) < PARSED_LINES:
-                reported.add(line)
+            if reported.first(("line", line)):
                 log.warning("%s%s: skipped a %s line that does not parse: %r", server, path,
                             command, line[:200])
-    for line, why in odd:
-        if line not in reported and len(reported) < PARSED_LINES:
-            reported.add(line)
-            log.warning("%s%s: skipped a %s entry: %s", server, path, command, why)
+    for refused in odd:
+        if reported.first(("name", refused.name)):
+            log.warning("%s%s: skipped a %s entry: %s", server, path, command, refused)
     return entries
 
 
@@ -1336,7 +1340,7 @@ class _LineParser:
     refuses a listing none of whose lines parsed."""
 
     def __init__(self, parse: Callable[[str], Entry | None], *, server: str, path: str, command: str,
-                 reported: set[str]) -> None:
+                 reported: LoggedOnce) -> None:
         self.parse = parse
         self.server, self.path, self.command, self.reported = server, path, command, reported
         self.parsed = 0
@@ -1351,22 +1355,21 @@ class _LineParser:
         line = raw.decode("utf-8", errors="surrogateescape")
         try:
             entry = self.parse(line)
-        except _OddName as exc:
+        except OddName as exc:
             self.odd += 1
-            self._report(line, f"skipped a {self.command} entry: {exc}")
+            self._report(("name", exc.name), f"skipped a {self.command} entry: {exc}")
             return None
         except ValueError:
             if len(self.bad) < 2:
                 self.bad.append(line)  # kept for the "nothing parses" error only
-            self._report(line, f"skipped a {self.command} line that does not parse: {line[:200]!r}")
+            self._report(("line", line), f"skipped a {self.command} line that does not parse: {line[:200]!r}")
             return None
         if entry is not None:
             self.parsed += 1
         return entry
 
-    def _report(self, line: str, message: str) -> None:
-        if line not in self.reported and len(self.reported) < PARSED_LINES:
-            self.reported.add(line)
+    def _report(self, key: tuple[str, str], message: str) -> None:
+        if self.reported.first(key):
             log.warning("%s%s: %s", self.server, self.path, message)
 
     def finish(self) -> None:
@@ -1374,32 +1377,6 @@ class _LineParser:
             raise ProtocolError(f"cannot parse any {self.command} line, e.g. {self.bad[0][:200]!r} (only "
                                 "unix-style LIST and RFC 3659 MLSD are understood)",
                                 server=self.server, path=self.path)
-
-
-class _OddName(ValueError):
-    """A listing line that parsed, for a name ftpbc cannot use: skipped, not a format error."""
-
-
-_NOT_IN_NAME = re.compile(r"[/\\\0\r\n]")
-
-
-def _usable(name: str) -> str:
-    """``name`` if ftpbc can address it; _OddName otherwise.
-
-    Commands go out as UTF-8 lines and every path ftpbc builds is checked by paths.check_name:
-    a name holding a line break (which would end a command early and start another one), a
-    backslash, NUL or bytes that are not UTF-8 (decoded here as lone surrogates) could never
-    be claimed, read or renamed, and ``..`` would climb.  Left out here, no caller sees it.
-    """
-    if not name or name in (".", "..") or _NOT_IN_NAME.search(name) is not None:
-        raise _OddName(f"name {name[:200]!r} holds '/', '\\', NUL or a line break, or is '..'")
-    if len(name) > 4096:
-        raise _OddName(f"name {name[:200]!r}... is {len(name)} characters long")
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _OddName(f"name {name[:200]!r} is not UTF-8") from None
-    return name
 
 
 def _parse_time(value: str) -> datetime:
@@ -1413,9 +1390,10 @@ def _parse_time(value: str) -> datetime:
                     int(whole[10:12]), int(whole[12:14]), micro, tzinfo=UTC)
 
 
-def _parse_mlsx(line: str) -> Entry | None:
-    """One MLSD/MLST line: ``fact=value;...; name``.  None for ``.``/``..`` and lines without a
-    name; ValueError for a fact that does not parse."""
+def _facts(line: str) -> tuple[str, str, str, datetime | None] | None:
+    """The name, type (lower case, "" if none), size fact and time of one
+    ``fact=value;...; name`` line; None for a line without a name.  ValueError for a size fact
+    that does not parse."""
     facts_part, sep, name = line.partition(" ")
     if not sep:
         return None
@@ -1429,23 +1407,56 @@ def _parse_mlsx(line: str) -> Entry | None:
             size = value
         elif key == "modify":
             modify = value
-    if kind in ("cdir", "pdir") or name in (".", ".."):
-        return None
-    if not kind:
-        # Not even the type: a file cannot be told from a directory (or a link), so none is
-        # guessed.  Every server ftpbc knows sends it.
-        raise ValueError("no type fact")
+    if size and not (size.isascii() and size.isdigit()):
+        raise ValueError(f"bad size fact {size!r}")  # str.isdigit() takes '²', int() does not
     mtime = None
     if modify:
         with suppress(ValueError, OverflowError):  # modify=99999999999999: the time is unknown
             mtime = _parse_time(modify)
-    if "/" in name:  # MLST answers with the path it was given
-        name = posixpath.basename(name.rstrip("/")) or name
-    if size and not (size.isascii() and size.isdigit()):
-        raise ValueError(f"bad size fact {size!r}")  # str.isdigit() takes '²', int() does not
+    return name, kind, size, mtime
+
+
+def _typed(kind: str) -> None:
+    if not kind:
+        # Not even the type: a file cannot be told from a directory (or a link), so none is
+        # guessed.  Every server ftpbc knows sends it.
+        raise ValueError("no type fact")
+
+
+def _sized(kind: str, size: str) -> int:
     # No size fact on a file: -1, "no size given" (a read is then bounded by
     # max_message_bytes), not 0, which would make a read of any byte look too long.
-    return Entry(_usable(name), int(size) if size else 0 if kind == "dir" else -1, mtime, kind == "dir")
+    return int(size) if size else 0 if kind == "dir" else -1
+
+
+def _parse_mlsx(line: str) -> Entry | None:
+    """One MLSD line: ``fact=value;...; name``.  None for the directory's own entries (``cdir``,
+    ``pdir``, or a directory named ``.`` or ``..``) and lines without a name; OddName for a
+    name :func:`listed_name` refuses (a path such as ``sub/req.X`` is refused, never cut to
+    its last part); ValueError for a fact that does not parse."""
+    parsed = _facts(line)
+    if parsed is None:
+        return None
+    name, kind, size, mtime = parsed
+    if kind in ("cdir", "pdir") or (kind in ("dir", "") and name in (".", "..")):
+        return None
+    _typed(kind)
+    return Entry(listed_name(name), _sized(kind, size), mtime, kind == "dir")
+
+
+def _parse_mlst(line: str, name: str) -> Entry | None:
+    """The facts line of an MLST reply, as the entry named ``name``.  The server names the path
+    it was asked about there, not a listed name, so that name is not used.  None for a line
+    without a name or the type of a directory's own entry; ValueError for a fact that does
+    not parse."""
+    parsed = _facts(line)
+    if parsed is None:
+        return None
+    _, kind, size, mtime = parsed
+    if kind in ("cdir", "pdir"):
+        return None
+    _typed(kind)
+    return Entry(name, _sized(kind, size), mtime, kind == "dir")
 
 
 #: listing lines remembered, parsed, per transport (about 250 bytes each)
@@ -1502,7 +1513,8 @@ _MONTHS = {m: i for i, m in enumerate(
 def _parse_list_line(line: str, now: datetime) -> Entry | None:
     """One unix ``ls -l`` style LIST line (vsftpd, ProFTPD...).
 
-    None for ``total N``, ``.`` and ``..``; ValueError for a line in any other format.
+    None for ``total N`` and the directories ``.`` and ``..``; OddName for a name
+    :func:`listed_name` refuses; ValueError for a line in any other format.
 
     Times are taken as UTC (vsftpd's default, ``use_localtime=NO``).  A date without a year is
     in the last twelve months, as ``ls`` prints it.
@@ -1515,9 +1527,9 @@ def _parse_list_line(line: str, now: datetime) -> Entry | None:
     name = m["name"]
     if m["type"] == "l" and " -> " in name:
         name = name.split(" -> ", 1)[0]
-    if name in (".", ".."):
+    if m["type"] == "d" and name in (".", ".."):
         return None
-    _usable(name)
+    listed_name(name)
     mtime: datetime | None = None
     month = _MONTHS.get(m["mon"].lower())
     if month is not None:

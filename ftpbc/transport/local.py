@@ -22,6 +22,8 @@ A shared repository is written by partners too, so nothing found in it is truste
   out (each logged once, at WARNING), so no poller claims them.  ``list_refusing`` reports them
   instead, and ``move_refused`` moves one (the link itself: ``rename`` never follows it), so the
   message lifecycle can file what a partner planted in a box in the error directory.
+  A regular file or directory whose name ftpbc cannot address (``\\``, a line break, bytes that
+  are not UTF-8: the rule of :mod:`ftpbc.transport.names`) is left out too, logged once.
 * ``rename`` refuses a source that is not a regular file or directory
   (:class:`~ftpbc.errors.UnsafeSource`, a SourceGone: the lifecycle skips it like a lost claim).
 
@@ -55,6 +57,7 @@ from ftpbc.errors import (
     UnsafeSource,
 )
 from ftpbc.transport.base import Entry, Refused, Transport, Visit, normalize
+from ftpbc.transport.names import OddName, listed_name
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +158,13 @@ class LocalTransport(Transport):
             log.warning("%s: %s is %s, not a regular file or directory: ignored (a shared directory "
                         "holds something ftpbc will not follow or open)", self.server, path, kind)
 
+    def _skip_name(self, path: str, name: str, why: OddName) -> None:
+        # Keyed apart from _warn's paths: the same name may be both odd and, later, a link.
+        key = "\0" + _child(path, name)
+        if key not in self._reported and len(self._reported) < REPORTED_LIMIT:
+            self._reported.add(key)
+            log.warning("%s%s: skipped a listed entry: %s", self.server, path, why)
+
     @contextmanager
     def _mapped(self, path: str) -> Iterator[None]:
         try:
@@ -219,6 +229,11 @@ class LocalTransport(Transport):
                             continue
                         else:
                             self._warn(_child(path, de.name), _kind(mode) or "special")
+                            continue
+                        try:
+                            listed_name(de.name)
+                        except OddName as exc:
+                            self._skip_name(path, de.name, exc)
                             continue
                         if not visit(Entry(de.name, st.st_size,
                                            datetime.fromtimestamp(st.st_mtime, UTC), is_dir)):

@@ -115,6 +115,7 @@ from ftpbc.transport import knownhosts
 from ftpbc.transport.base import Entry, Refused, Transport, Visit, normalize, stream_position
 from ftpbc.transport.errormap import DeadlineExceeded, Progress, RateGuard, translate_os_error
 from ftpbc.transport.knownhosts import HostKeys
+from ftpbc.transport.names import LoggedOnce, OddName, listed_name
 from ftpbc.transport.pool import Pool
 
 log = logging.getLogger("ftpbc.sftp")
@@ -130,6 +131,8 @@ PIPELINE_DEPTH = 64
 #: an idle session older than this is probed with a round trip before reuse
 PROBE_AFTER = 15.0
 POSIX_RENAME = "posix-rename@openssh.com"
+#: refused listed names logged per transport (each once); beyond this, still refused, silently
+REPORTED_NAMES = 10_000
 
 _SFTP_VERSION = 3
 _WRITE_FLAGS = SFTP_FLAG_WRITE | SFTP_FLAG_CREATE | SFTP_FLAG_TRUNC
@@ -152,7 +155,8 @@ class _Status(IOError):
         self.text = text
 
 
-def _listdir(c: paramiko.SFTPClient, remote: str, limit: int, server: str) -> list[paramiko.SFTPAttributes]:
+def _listdir(c: paramiko.SFTPClient, remote: str, limit: int, server: str,
+             reported: LoggedOnce) -> list[paramiko.SFTPAttributes]:
     """paramiko's ``listdir_attr``, stopped after ``limit`` entries (with a warning): a server
     that lists without end cannot fill this node's memory."""
     found: list[paramiko.SFTPAttributes] = []
@@ -160,15 +164,19 @@ def _listdir(c: paramiko.SFTPClient, remote: str, limit: int, server: str) -> li
     def keep(a: paramiko.SFTPAttributes) -> bool:
         found.append(a)
         return True
-    _readdir(c, remote, limit, server, keep)
+    _readdir(c, remote, limit, server, keep, reported)
     return found
 
 
 def _readdir(c: paramiko.SFTPClient, remote: str, limit: int, server: str,
-             visit: Callable[[paramiko.SFTPAttributes], bool]) -> bool:
+             visit: Callable[[paramiko.SFTPAttributes], bool], reported: LoggedOnce) -> bool:
     """The entries of ``remote`` to ``visit`` as each READDIR reply comes in (a hundred or so
     each from OpenSSH), at most ``limit`` of them (with a warning); False once ``visit``
-    stopped the listing (the handle is closed, the rest never asked for)."""
+    stopped the listing (the handle is closed, the rest never asked for).
+
+    A name :func:`~ftpbc.transport.names.listed_name` refuses (a path such as ``sub/req.X``,
+    ``\\``, NUL, a line break, bytes that are not UTF-8) is skipped, logged once per name
+    (``reported``), and counts toward ``limit``; the rest of the listing goes on."""
     request = c._request  # type: ignore[attr-defined]  # private, not in the stubs
     t, msg = request(CMD_OPENDIR, remote)
     if t != CMD_HANDLE:
@@ -184,12 +192,20 @@ def _readdir(c: paramiko.SFTPClient, remote: str, limit: int, server: str,
             if t != CMD_NAME:
                 raise SFTPError("Expected name response")
             for _ in range(msg.get_int()):
-                filename = msg.get_text()
-                longname = msg.get_text()
+                # Decoded here rather than by paramiko (strict UTF-8): one name that is not
+                # UTF-8 would fail the whole listing; decoded so, listed_name refuses it alone.
+                filename = msg.get_string().decode("utf-8", "surrogateescape")
+                longname = msg.get_string().decode("utf-8", "replace")
                 attr = paramiko.SFTPAttributes._from_msg(msg, filename, longname)  # type: ignore[attr-defined]
                 if filename in (".", "..") or count >= limit:
                     continue
                 count += 1
+                try:
+                    listed_name(filename)
+                except OddName as exc:
+                    if reported.first(filename):
+                        log.warning("%s%s: skipped a listed entry: %s", server, remote, exc)
+                    continue
                 if not visit(attr):
                     return False
         log.warning("%s %s: listing stopped at %d entries (max_listing_entries)", server, remote, limit)
@@ -680,6 +696,8 @@ class SFTPTransport(Transport):
         self.cfg = cfg
         self.server = cfg.display
         self._base = normalize(cfg.base).rstrip("/")
+        #: listed names refused and logged already (each once, not once per poll)
+        self._reported = LoggedOnce(REPORTED_NAMES)
         self._pool: Pool[_Session] = Pool(
             connect=lambda timeout: _connect(cfg, timeout), check=_healthy, close=_close,
             size=cfg.pool_size, server=cfg.display, default_timeout=cfg.timeout)
@@ -738,7 +756,7 @@ class SFTPTransport(Transport):
 
         def op(c: _Client) -> list[Entry]:
             return [_entry(a.filename, a) for a in _listdir(c, remote, self.cfg.max_listing_entries,
-                                                            self.server)]
+                                                            self.server, self._reported)]
 
         return self._run(path, op, timeout, repeatable=True)
 
@@ -751,7 +769,8 @@ class SFTPTransport(Transport):
         def one(a: paramiko.SFTPAttributes) -> bool:
             return (glob is not None and not fnmatchcase(a.filename, glob)) or visit(_entry(a.filename, a))
 
-        return self._run(path, lambda c: _readdir(c, remote, self.cfg.max_listing_entries, self.server, one),
+        return self._run(path, lambda c: _readdir(c, remote, self.cfg.max_listing_entries, self.server, one,
+                                                  self._reported),
                          timeout, repeatable=True)
 
     def stat(self, path: str, *, timeout: float | None = None) -> Entry:

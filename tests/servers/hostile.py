@@ -24,6 +24,9 @@ misbehaves in the one way it was told to (``behaviour``):
     advertises MLSD, and answers MLSD with ``listing`` (raw bytes: odd names, odd facts...);
 ``list``
     does not advertise MLSD, and answers LIST with ``listing``;
+
+    both accept RNFR and RNTO (350, 250) and rename nothing, so a client can claim what it
+    listed: what it claimed is in ``commands``;
 ``closed_pasv``
     answers PASV with a port nothing listens on, so every data connection is refused.
 
@@ -40,7 +43,10 @@ log in with any password, then:
 ``version``
     starts it, and trickles its SFTP VERSION packet one byte per ``interval``;
 ``read``
-    serves a 1 MiB file whose READ replies trickle one byte per ``interval``.
+    serves a 1 MiB file whose READ replies trickle one byte per ``interval``;
+``listing``
+    lists any directory as ``names`` (raw bytes: a path, a line break, bytes that are not
+    UTF-8...), each a 5-byte file, in one READDIR reply, then end-of-directory.
 
 :class:`RecordingProxy` forwards TCP connections to another server and records what clients
 sent, to check what went over the wire in clear.
@@ -284,6 +290,10 @@ class HostileFTPServer(_LoopbackServer):
                 return
             elif verb == "CWD":
                 conn.sendall(b"250 ok\r\n")
+            elif verb == "RNFR" and self.behaviour in ("mlsd", "list"):
+                conn.sendall(b"350 ready for RNTO\r\n")
+            elif verb == "RNTO" and self.behaviour in ("mlsd", "list"):
+                conn.sendall(b"250 renamed\r\n")
             elif verb == "QUIT":
                 conn.sendall(b"221 bye\r\n")
                 return
@@ -396,8 +406,11 @@ class RecordingProxy(_LoopbackServer):
 
 # --------------------------------------------------------------------------- SFTP
 
-_INIT, _VERSION, _OPEN, _CLOSE, _READ, _FSTAT = 1, 2, 3, 4, 5, 8
-_STATUS, _HANDLE, _DATA, _ATTRS = 101, 102, 103, 105
+_INIT, _VERSION, _OPEN, _CLOSE, _READ, _FSTAT, _OPENDIR, _READDIR = 1, 2, 3, 4, 5, 8, 11, 12
+_STATUS, _HANDLE, _DATA, _NAME, _ATTRS = 101, 102, 103, 104, 105
+_FX_EOF = 1
+#: ATTRS flags: size, permissions, access and modification times
+_ATTR_SIZE, _ATTR_PERMISSIONS, _ATTR_TIMES = 0x1, 0x4, 0x8
 #: the size the ``read`` behaviour announces for any file
 SFTP_FILE_SIZE = 1 << 20
 
@@ -433,10 +446,12 @@ class _Interface(paramiko.ServerInterface):
 
 
 class HostileSFTPServer(_LoopbackServer):
-    def __init__(self, behaviour: str, host_key: paramiko.PKey, *, interval: float = 0.25) -> None:
-        if behaviour not in ("subsystem", "version", "read"):
+    def __init__(self, behaviour: str, host_key: paramiko.PKey, *, interval: float = 0.25,
+                 names: list[bytes] | None = None) -> None:
+        if behaviour not in ("subsystem", "version", "read", "listing"):
             raise ValueError(f"unknown behaviour {behaviour!r}")
         self.behaviour = behaviour
+        self.names = list(names or [])
         self.host_key = host_key
         self.interval = interval
         super().__init__()
@@ -477,7 +492,15 @@ class HostileSFTPServer(_LoopbackServer):
                 return
             chan.sendall(data[i:i + 1])
 
+    def _name_packet(self, rid: bytes) -> bytes:
+        attrs = struct.pack(">IQIII", _ATTR_SIZE | _ATTR_PERMISSIONS | _ATTR_TIMES, 5, 0o100644,
+                            1767268800, 1767268800)
+        entries = b"".join(_string(name) + _string(b"-rw-r--r-- 1 u g 5 Jan 1 12:00 " + name) + attrs
+                           for name in self.names)
+        return _packet(_NAME, rid + struct.pack(">I", len(self.names)) + entries)
+
     def _sftp(self, chan: paramiko.Channel) -> None:
+        listed = False  # whether the open directory's READDIR was answered with its names
         while not self.stopped.is_set():
             length, kind = struct.unpack(">IB", self._recv(chan, 5))
             body = self._recv(chan, length - 1)
@@ -490,8 +513,14 @@ class HostileSFTPServer(_LoopbackServer):
                 chan.sendall(_packet(_VERSION, struct.pack(">I", 3)))
                 continue
             rid = body[:4]
-            if kind == _OPEN:
+            if kind in (_OPEN, _OPENDIR):
+                listed = False
                 chan.sendall(_packet(_HANDLE, rid + _string(b"h")))
+            elif kind == _READDIR and self.behaviour == "listing" and not listed:
+                listed = True
+                chan.sendall(self._name_packet(rid))
+            elif kind == _READDIR:
+                chan.sendall(_packet(_STATUS, rid + struct.pack(">I", _FX_EOF) + _string(b"") + _string(b"")))
             elif kind == _FSTAT:
                 chan.sendall(_packet(_ATTRS, rid + struct.pack(">IQ", 1, SFTP_FILE_SIZE)))
             elif kind == _READ:
