@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ftpbc.cluster.server import CLOCK_SLACK, MAX_VALUE, ServerCoordination, ServerLock, Token, _beat_stamp
+from ftpbc.cluster.server import CLOCK_SLACK, MAX_VALUE, ServerCoordination, ServerLock, Token, beat_stamp
 from ftpbc.errors import SequenceError
 from ftpbc.transport import open_transport
 from tests.servers.handle import ServerHandle
@@ -149,10 +149,10 @@ def test_a_heartbeat_from_the_future_dies_after_the_lease(nodes: Nodes) -> None:
 
 def test_a_heartbeat_line_claiming_no_finite_time_is_old() -> None:
     """Servers without file times: the beat's own line gives its time; nan or inf is none."""
-    assert _beat_stamp("1 2 nan host\n") == 0.0
-    assert _beat_stamp("1 2 inf host\n") == 0.0
-    assert _beat_stamp("garbage") == 0.0
-    assert _beat_stamp("1 2 1700000000.5 host\n") == 1700000000.5
+    assert beat_stamp("1 2 nan host\n") == 0.0
+    assert beat_stamp("1 2 inf host\n") == 0.0
+    assert beat_stamp("garbage") == 0.0
+    assert beat_stamp("1 2 1700000000.5 host\n") == 1700000000.5
 
 
 # ---------------------------------------------------------------------- sequences
