@@ -94,7 +94,7 @@ def run(opts: Options, spark: Any = None) -> Result:
     # One source per endpoint: "--endpoint q --endpoint q" must not count q twice.
     sources = list({s.endpoint: s for s in opts.sources}.values())
     mirror_root = opts.mirror or opts.out / "mirror"
-    direct = [s for s in sources if s.server.scheme == "file" and opts.route == "auto"]
+    direct = [s for s in sources if not s.server.has_host and opts.route == "auto"]
     mirrored = [s for s in sources if s not in direct]
     stats_new = 0
     if mirrored:

@@ -38,7 +38,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ftpbc.config.servers import DEFAULT_PORTS, ServerConfig
+from ftpbc import schemes
+from ftpbc.config.servers import ServerConfig
 from ftpbc.paths import normalize
 from ftpbc.routing.rules import RuleError, Ruleset
 from ftpbc.routing.templates import Target, TemplateError, parse_destination
@@ -190,8 +191,9 @@ def match_server(servers: Mapping[str, ServerConfig], target: Target) -> tuple[s
     for name, s in servers.items():
         if s.scheme != target.scheme:
             continue
-        if s.scheme != "file":
-            port = target.port if target.port is not None else DEFAULT_PORTS[s.scheme]
+        spec = schemes.lookup(s.scheme)
+        if spec is None or spec.has_host:
+            port = target.port if target.port is not None else (spec.default_port if spec else 0)
             if s.host.lower() != target.host or s.port != port:
                 continue
             if target.user is not None and s.user != target.user:
@@ -216,7 +218,7 @@ class _Area(Protocol):
 def _place(server: ServerConfig, path: str) -> tuple[tuple[str, ...], str]:
     """Where ``path`` (below ``server``'s base) is, whichever configured name reaches it: the
     machine (host and port, or this one's file system) and the absolute path there."""
-    where = ("file",) if server.scheme == "file" else ("net", server.host.lower(), str(server.port))
+    where = ("net", server.host.lower(), str(server.port)) if server.has_host else ("local",)
     return where, normalize(server.base.rstrip("/") + "/" + path.lstrip("/"))
 
 

@@ -43,11 +43,9 @@ from pydantic import (
     model_validator,
 )
 
+from ftpbc import schemes
 from ftpbc.errors import ConfigError
 
-Scheme = Literal["ftp", "ftps", "sftp", "file"]
-
-DEFAULT_PORTS: dict[str, int] = {"ftp": 21, "ftps": 21, "sftp": 22, "file": 0}
 #: settings that only mean something for ftps:// (refused on any other scheme)
 TLS_KEYS = ("tls", "ca_file", "verify_tls")
 #: mode bits that let group or others read or change a secret file (execute bits give nothing away)
@@ -101,7 +99,8 @@ class ServerConfig(BaseModel):
     max_listing_entries: int = Field(default=2_000_000, ge=1)
 
     # Derived from url and the secret sources by the validator below; not to be set in YAML.
-    scheme: Scheme = "ftp"
+    #: a name of :data:`ftpbc.schemes.SCHEMES`, lower case
+    scheme: str = "ftp"
     host: str = ""
     port: int = 0
     user: str = ""
@@ -129,16 +128,17 @@ class ServerConfig(BaseModel):
             # urlsplit's own text may quote the netloc, password included
             raise ValueError(f"url {shown!r} is not a valid URL") from None
         scheme = parts.scheme.lower()
-        if scheme not in DEFAULT_PORTS:
+        spec = schemes.lookup(scheme)
+        if spec is None:
             raise ValueError(
-                f"unknown URL scheme {parts.scheme!r} in {shown!r} (expected ftp, ftps, sftp or file)")
+                f"unknown URL scheme {parts.scheme!r} in {shown!r} (expected {schemes.expected()})")
         if parts.password is not None:
             raise ValueError(
                 f"the url {shown!r} carries a password; use password_env or password_file instead")
         data["scheme"] = scheme
-        if scheme == "file":
+        if not spec.has_host:
             if parts.netloc not in ("", "localhost"):
-                raise ValueError(f"file URL {shown!r} must not name a host (use file:///absolute/path)")
+                raise ValueError(f"{scheme} URL {shown!r} must not name a host (use {scheme}:///absolute/path)")
             data["base"] = unquote(parts.path) or "/"
             data["host"] = "localhost"
             return data
@@ -146,7 +146,7 @@ class ServerConfig(BaseModel):
             raise ValueError(f"url {shown!r} names no host")
         data["host"] = parts.hostname
         try:
-            data["port"] = parts.port or DEFAULT_PORTS[scheme]
+            data["port"] = parts.port or spec.default_port
         except ValueError:
             raise ValueError(f"url {shown!r}: bad port") from None
         data["user"] = unquote(parts.username) if parts.username else "anonymous"
@@ -167,23 +167,29 @@ class ServerConfig(BaseModel):
     def _tls_needs_ftps(cls, value: Any, info: ValidationInfo) -> Any:
         url = info.data.get("url")
         scheme = _scheme(url) if isinstance(url, str) else ""
-        if scheme and scheme != "ftps":
+        if scheme and not _uses_tls(scheme):
             raise ValueError(tls_refusal(scheme))
         return value
 
     def misplaced_tls_keys(self) -> list[str]:
-        """TLS settings set on a config whose scheme is not ftps (possible only past validation,
+        """TLS settings set on a config whose scheme uses no TLS (possible only past validation,
         e.g. through ``model_copy(update=...)``); transports refuse such a config."""
-        if self.scheme == "ftps":
+        if _uses_tls(self.scheme):
             return []
         return [k for k in TLS_KEYS if k in self.model_fields_set]
 
     @property
     def display(self) -> str:
         """``scheme://user@host:port`` for messages and logs; never holds the password."""
-        if self.scheme == "file":
-            return f"file://{self.base}"
+        if not self.has_host:
+            return f"{self.scheme}://{self.base}"
         return f"{self.scheme}://{self.user}@{self.host}:{self.port}"
+
+    @property
+    def has_host(self) -> bool:
+        """Whether the url names a host (ftp, ftps, sftp), or a directory of this machine (file)."""
+        spec = schemes.lookup(self.scheme)
+        return spec is None or spec.has_host
 
     def password_value(self) -> str:
         """The password in clear, for handing to a login call and nothing else.
@@ -220,13 +226,23 @@ ACTIVE_MODE_REFUSAL = ("active mode is not supported: ftpbc always opens data co
                        "(EPSV, else PASV); remove 'passive: false'")
 
 
+def _uses_tls(scheme: str) -> bool:
+    spec = schemes.lookup(scheme)
+    return spec is not None and spec.tls
+
+
 def tls_refusal(scheme: str) -> str:
     """The one-line reason a TLS setting is refused on a ``scheme``:// server (the caller names
-    the key)."""
-    if scheme == "ftp":
-        return ("a TLS setting on an ftp:// url, which logs in and transfers in clear text; "
-                "use ftps:// (explicit AUTH TLS, or with tls: implicit) or remove the setting")
-    return f"a TLS setting, for ftps:// only; a {scheme}:// server does not use it"
+    the key).  A clear-text scheme whose transport has a TLS twin (ftp: ftps) says to use it."""
+    spec = schemes.lookup(scheme)
+    with_tls = [s.name for s in schemes.SCHEMES.values() if s.tls]
+    twin = next((s for s in with_tls if spec is not None and spec.has_host
+                 and schemes.SCHEMES[s].transport == spec.transport), None)
+    if twin is not None:
+        return (f"a TLS setting on an {scheme}:// url, which logs in and transfers in clear text; "
+                f"use {twin}:// (explicit AUTH TLS, or with tls: implicit) or remove the setting")
+    return (f"a TLS setting, for {' and '.join(s + '://' for s in with_tls)} only; a {scheme}:// server "
+            "does not use it")
 
 
 def open_secret_file_problem(path: Path, mode: int) -> str | None:

@@ -328,7 +328,7 @@ def _local_base_problem(base: Path) -> tuple[str | None, str | None]:
 
 def _log_in(cfg: ServerConfig, transport: Transport, timeout: float) -> tuple[str | None, str | None]:
     """(failure, note): can ftpbc use this server at all?"""
-    if cfg.scheme == "file":
+    if not cfg.has_host:
         failure, note = _local_base_problem(Path(cfg.base))
         if failure is not None or note is not None:
             return failure, note
@@ -337,7 +337,7 @@ def _log_in(cfg: ServerConfig, transport: Transport, timeout: float) -> tuple[st
     except (NotFound, PermissionDenied):
         # The server answered, so the login worked; whether the directories ftpbc uses are
         # there and writable is what the endpoint checks find out.
-        if cfg.scheme == "file":
+        if not cfg.has_host:
             return f"base directory {cfg.base} cannot be listed", None
         return None, None
     except FtpbcError as exc:

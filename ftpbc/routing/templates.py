@@ -21,7 +21,8 @@ URI is bounded by :data:`MAX_URI`.  A failure is a :class:`TemplateError` naming
 template and why, never a partial URI.
 
 Destination URIs (:func:`parse_destination`): ``endpoint:NAME``, ``topic:NAME``, or a
-directory ``ftp|ftps|sftp://user@host[:port]/dir`` or ``file:///dir``.  Parsing checks the
+directory URL of a scheme :mod:`ftpbc.schemes` knows: ``ftp|ftps|sftp://user@host[:port]/dir``
+or ``file:///dir``.  Parsing checks the
 shape and the path (absolute, normal, no ``..``, no control or format characters, bounded segments); which
 configured server a URL means is decided by the caller.
 """
@@ -33,6 +34,8 @@ import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
+
+from ftpbc import schemes
 
 #: the longest value one ``##name##`` may put into a URI
 MAX_VALUE = 128
@@ -50,7 +53,6 @@ _PLACEHOLDER = re.compile(r"##([A-Za-z_][A-Za-z0-9_.$-]{0,127})(?::-([^#]{0,128}
 #: and surrogates (Cs: no UTF-8 encoding, no file name)
 REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-_SCHEMES = ("ftp", "ftps", "sftp", "file")
 
 Lookup = Callable[[str], "str | None"]
 
@@ -241,11 +243,17 @@ class Target:
     path: str = ""
 
     @property
+    def host_named(self) -> bool:
+        """Whether this directory is on a host the URL names (not ``file:///dir``)."""
+        spec = schemes.lookup(self.scheme)
+        return spec is not None and spec.has_host
+
+    @property
     def uri(self) -> str:
         if self.kind in ("endpoint", "topic"):
             return f"{self.kind}:{self.name}"
-        if self.scheme == "file":
-            return f"file://{self.path}"
+        if not self.host_named:
+            return f"{self.scheme}://{self.path}"
         user = f"{self.user}@" if self.user else ""
         port = f":{self.port}" if self.port is not None else ""
         return f"{self.scheme}://{user}{self.host}{port}{self.path}"
@@ -271,19 +279,20 @@ def parse_destination(uri: str) -> Target:
     except ValueError as exc:
         raise TemplateError(f"destination {_shown(_redacted(uri))} is not a valid URL: {exc}") from None
     scheme = parts.scheme.lower()
-    if scheme not in _SCHEMES:
+    spec = schemes.lookup(scheme)
+    if spec is None:
         raise TemplateError(f"destination {_shown(_redacted(uri))}: expected endpoint:NAME, topic:NAME or "
-                            "an ftp, ftps, sftp or file URL")
+                            f"an {schemes.expected()} URL")
     if parts.password is not None:
         raise TemplateError(f"destination {_shown(_redacted(uri))} carries a password: passwords come "
                             "only from the configured servers")
     if parts.query or parts.fragment:
         raise TemplateError(f"destination {_shown(uri)}: a directory URL takes no query or fragment")
     path = check_path(unquote(parts.path), uri)
-    if scheme == "file":
+    if not spec.has_host:
         if parts.netloc not in ("", "localhost"):
-            raise TemplateError(f"destination {_shown(uri)}: a file URL names no host (file:///dir)")
-        return Target("directory", scheme="file", host="localhost", path=path)
+            raise TemplateError(f"destination {_shown(uri)}: a {scheme} URL names no host ({scheme}:///dir)")
+        return Target("directory", scheme=scheme, host="localhost", path=path)
     if not parts.hostname:
         raise TemplateError(f"destination {_shown(uri)} names no host")
     user = unquote(parts.username) if parts.username else None

@@ -67,6 +67,7 @@ from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from typing import BinaryIO, TypeVar
 
+from ftpbc import schemes
 from ftpbc.config.servers import ACTIVE_MODE_REFUSAL, ServerConfig, tls_refusal
 from ftpbc.errors import (
     AlreadyExists,
@@ -344,7 +345,8 @@ class FTPTransport(Transport):
     """ftp:// and ftps:// servers.  Thread-safe; connections are opened on first use."""
 
     def __init__(self, cfg: ServerConfig) -> None:
-        if cfg.scheme not in ("ftp", "ftps"):
+        spec = schemes.lookup(cfg.scheme)
+        if spec is None or spec.transport != "ftp":
             raise ValueError(f"FTPTransport cannot serve {cfg.display}")
         misplaced = cfg.misplaced_tls_keys()
         if misplaced:
@@ -358,7 +360,7 @@ class FTPTransport(Transport):
         self.cfg = cfg
         self.server = cfg.display
         self._base = normalize(cfg.base)
-        self._tls = cfg.scheme == "ftps"
+        self._tls = spec.tls
         self._context = self._tls_context() if self._tls else None
         self._parsed = _ParsedLines()
         #: bad listing lines and refused names already logged (each once, not once per poll)
