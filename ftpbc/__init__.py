@@ -9,11 +9,18 @@ servers or a shared directory, with any number of cluster nodes competing for th
 * a handler receives a `Message` and returns a `HandlerResult`; `Message.headers` is a
   `Headers`, `Message.properties` maps names to `PropertyValue`;
 * a client script uses `Client` (made from a `Config`, or `Client.from_config`), whose sends
-  take `MessageOptions` and whose pulls, subscriptions, transactions and dead-letter views
-  give `Delivery`, `Consumer`, `Subscription`, `Transaction`, `DeadLetters` and `Waiting`;
+  take `MessageOptions` and whose pulls, subscriptions, transactions, browsing and dead-letter
+  views give `Delivery`, `Consumer` (acknowledging as an `AckMode` says), `Subscription`,
+  `Transaction`, `Waiting`, `DeadLetters` and `DeadLetter`; selectors are text or a
+  `Selector` from `compile_selector`;
 * an operator script serving endpoints in-process uses `Node` with `Handler` functions;
 * every error ftpbc raises on purpose is an `FtpbcError`; the classes are exported here and in
-  :mod:`ftpbc.errors`.
+  :mod:`ftpbc.errors` (`UnknownSubscription` here only).
+
+The type aliases: `HandlerResult` is what a handler may return (bytes, bytearray, str or
+None); `Handler` a function from `Message` to that; `PropertyValue` the type of a message
+property (bool, int, float or str); `AckMode` a consumer's acknowledgement mode (``"auto"``,
+``"client"`` or ``"dups_ok"``, docs/queues.md).
 
 Everything else (``ftpbc.exchange``, ``ftpbc.transport``, ``ftpbc.node``...) is internal: it may
 move or change in any release without notice.  A public name that moves keeps working from its
@@ -78,12 +85,12 @@ if TYPE_CHECKING:
     from ftpbc.config.models import Config
     from ftpbc.exchange.browse import Waiting
     from ftpbc.exchange.consumer import AckMode, Consumer, Delivery
-    from ftpbc.exchange.deadletter import DeadLetters
+    from ftpbc.exchange.deadletter import DeadLetter, DeadLetters
     from ftpbc.exchange.envelope import Headers, PropertyValue
     from ftpbc.exchange.message import HandlerResult, Message
     from ftpbc.exchange.runtime import MessageOptions
     from ftpbc.exchange.selector import Selector, compile_selector
-    from ftpbc.exchange.topics import Subscription
+    from ftpbc.exchange.topics import Subscription, UnknownSubscription
     from ftpbc.exchange.transaction import Transaction
     from ftpbc.node.serve import Handler, Node
 
@@ -102,7 +109,9 @@ _LAZY: dict[str, str] = {
     "AckMode": "ftpbc.exchange.consumer",
     "Waiting": "ftpbc.exchange.browse",
     "DeadLetters": "ftpbc.exchange.deadletter",
+    "DeadLetter": "ftpbc.exchange.deadletter",
     "Subscription": "ftpbc.exchange.topics",
+    "UnknownSubscription": "ftpbc.exchange.topics",
     "Transaction": "ftpbc.exchange.transaction",
     "Selector": "ftpbc.exchange.selector",
     "compile_selector": "ftpbc.exchange.selector",
@@ -112,15 +121,15 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "AckMode", "AlreadyExists", "AuthenticationFailed", "Client", "Config", "ConfigError",
-    "ConnectFailed", "ConnectionLost", "Consumer", "DeadLetters", "Delivery", "FtpbcDeprecationWarning",
-    "FtpbcError", "Handler", "HandlerResult", "Headers", "HostKeyRejected", "HostKeyRevoked",
-    "IncompleteRead", "JournalError", "Message", "MessageOptions", "MessageTooLarge",
+    "ConnectFailed", "ConnectionLost", "Consumer", "DeadLetter", "DeadLetters", "Delivery",
+    "FtpbcDeprecationWarning", "FtpbcError", "Handler", "HandlerResult", "Headers", "HostKeyRejected",
+    "HostKeyRevoked", "IncompleteRead", "JournalError", "Message", "MessageOptions", "MessageTooLarge",
     "MissingDependency", "Node", "NotFound", "OutcomeUnknown", "PatternError", "PermissionDenied",
     "PropertyValue", "ProtocolError", "QueueFull", "ReadPastSize", "RemoteHandlerError",
     "RequestExpired", "RequestTimeout", "Selector", "SelectorError", "SequenceError", "ServerBusy",
     "SessionLimit", "SourceGone", "Subscription", "TLSFailed", "Transaction", "TransportError",
-    "TransportTimeout", "UnknownRequest", "UnsafeEntry", "UnsafeNameError", "UnsafeSource", "Waiting",
-    "__version__", "compile_selector", "load_config",
+    "TransportTimeout", "UnknownRequest", "UnknownSubscription", "UnsafeEntry", "UnsafeNameError",
+    "UnsafeSource", "Waiting", "__version__", "compile_selector", "load_config",
 ]
 
 

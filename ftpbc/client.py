@@ -254,15 +254,45 @@ class _ResponsePoller:
 
 
 class Client:
-    """A connection to the exchange areas of a configuration.  Thread-safe; use as a context."""
+    """A connection to the exchange areas of a configuration: send, request, collect, browse,
+    receive, publish, subscribe.
+
+    Thread-safe: one client serves every thread of a process (a handler that calls other
+    endpoints makes one client once, not one per call).  Use it as a context manager, or call
+    :meth:`close`.
+
+    Guaranteed: a send returns once its message is whole and visible in its box (staged, then
+    renamed into place), or raises; every remote write is preceded by a journal record, so a
+    client restarted with the same identity settles what a crashed one left (:attr:`recovered`).
+    Not guaranteed: that a request withdrawn on a timeout or an interrupt was not handled (a
+    provider may have claimed it already: handlers must be idempotent).
+
+    Errors are :class:`ftpbc.FtpbcError` subclasses: ConfigError for an endpoint, topic or
+    transfer the configuration does not have; a TransportError subclass when a server fails
+    (OutcomeUnknown: a command went out and its reply never came, so it may have happened);
+    the others each method names.  Arguments that can never work raise ValueError or TypeError.
+    """
 
     def __init__(self, config: Config, *, connections: int = 8, metrics: bool = False,
                  metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> None:
-        """``metrics``: count in :attr:`metrics_registry`; ``metrics_port`` (0: any free port)
-        also serves it over HTTP at :attr:`metrics_url` until :meth:`close`."""
+        """Open a client with ``config``'s ``node.id`` as its identity (:meth:`from_config`
+        picks a free client identity instead): its journal is replayed first (what it did is
+        :attr:`recovered`) and its heartbeat starts; connections open when first needed.
+
+        ``connections``: at least this many pooled connections per server (a server's
+        ``pool_size`` may allow more).  ``metrics``: count requests, responses, timeouts and
+        round trips in :attr:`metrics_registry`; ``metrics_port`` (0: any free port) also
+        serves them over HTTP on ``metrics_host`` at :attr:`metrics_url` until :meth:`close`.
+
+        Raises JournalError when another live process holds this identity, or its journal
+        cannot be written; a TransportError subclass when recovery cannot reach a server it
+        must settle something on; OSError when ``metrics_port`` is in use.
+        """
         self.config = config
-        #: the client's own metrics (None without ``metrics``): never the process-wide registry
+        """The configuration this client was made with."""
         self.metrics_registry: CollectorRegistry | None = None
+        """The client's own Prometheus metrics (None without ``metrics``), never the
+        process-wide default registry."""
         self._observer: ClientObserver = NULL_CLIENT_OBSERVER
         self._metrics_http: HttpServer | None = None
         if metrics or metrics_port is not None:
@@ -282,6 +312,8 @@ class Client:
         # A client restarted with a fixed node id finishes what its predecessor left in the
         # journal (e.g. returns a claimed response to outbox, so collect() can find it).
         self.recovered = self.runtime.recover(orphans=False)
+        """What the replay of this identity's journal did when the client opened, one action
+        per unfinished operation (empty after a clean close)."""
         self._pollers: dict[str, _ResponsePoller] = {}
         #: pull consumers' side of each endpoint (receive, consume)
         self._receivers: dict[str, Receiver] = {}
@@ -628,6 +660,12 @@ class Client:
             return receiver
 
     def close(self) -> None:
+        """Release everything: the response pollers stop (a :meth:`request` or :meth:`collect`
+        still waiting in another thread ends without its response), unacknowledged deliveries
+        go back to their boxes, this client's non-durable subscriptions are removed, the
+        heartbeat stops and the connections close.  Responses a poller had claimed are
+        archived or returned to the outbox; what a failing server leaves is logged and settled
+        by the next client with this identity (or, for subscriptions, by the sweepers)."""
         with self._lock:
             pollers = list(self._pollers.values())
             self._pollers.clear()

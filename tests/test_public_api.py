@@ -3,6 +3,7 @@ warning naming the new one, and ``ftpbc --version`` says which release this is."
 
 from __future__ import annotations
 
+import inspect
 import re
 import signal
 import subprocess
@@ -30,7 +31,7 @@ PUBLIC = {
     "__version__",
     "Message", "HandlerResult", "Headers", "PropertyValue",
     "Client", "MessageOptions", "Delivery", "Consumer", "AckMode", "Subscription", "Transaction",
-    "DeadLetters", "Waiting", "Selector", "compile_selector",
+    "DeadLetters", "DeadLetter", "Waiting", "Selector", "compile_selector", "UnknownSubscription",
     "Node", "Handler",
     "Config", "load_config",
     "FtpbcDeprecationWarning",
@@ -201,3 +202,50 @@ def test_version_is_semantic_and_single_sourced() -> None:
 def test_ftpbc_version_option() -> None:
     got = run_ftpbc("--version")
     assert (got.returncode, got.stdout) == (0, f"ftpbc, version {ftpbc.__version__}\n"), got.stderr
+
+
+# --------------------------------------------------------------------------- the API reference
+
+
+def _public_members(cls: type) -> list[str]:
+    """The public methods and properties ``cls`` itself defines (dataclass fields are
+    documented by the string after them, which only the API reference sees)."""
+    found = []
+    for name, value in vars(cls).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(value, staticmethod | classmethod):
+            value = value.__func__
+        if inspect.isfunction(value) or isinstance(value, property):
+            found.append(name)
+    return found
+
+
+def test_every_public_name_and_method_has_a_docstring() -> None:
+    undocumented = []
+    for name in ftpbc.__all__:
+        value = getattr(ftpbc, name)
+        if (inspect.isclass(value) or inspect.isfunction(value)) and not (value.__doc__ or "").strip():
+            undocumented.append(name)
+        if inspect.isclass(value) and value.__module__.startswith("ftpbc."):
+            for member in _public_members(value):
+                attr = inspect.getattr_static(value, member)
+                doc = (attr.__func__ if isinstance(attr, staticmethod | classmethod) else attr).__doc__
+                if not (doc or "").strip():
+                    undocumented.append(f"{name}.{member}")
+    for name in ("Client", "Node"):
+        if not (getattr(ftpbc, name).__init__.__doc__ or "").strip():
+            undocumented.append(f"{name}.__init__")
+    assert not undocumented, f"public names without a docstring: {undocumented}"
+
+
+def test_the_api_reference_builds_without_warnings(tmp_path: Path) -> None:
+    built = subprocess.run([sys.executable, str(REPO / "docs" / "build_api.py"), str(tmp_path)],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert built.returncode == 0, built.stderr
+    page = (tmp_path / "ftpbc.html").read_text(encoding="utf-8")
+    missing = [name for name in ftpbc.__all__ if f'id="{name}"' not in page]
+    assert not missing, f"public names not in the reference: {missing}"
+    assert (tmp_path / "ftpbc" / "errors.html").is_file()
+    pages = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.html"))
+    assert pages == ["ftpbc.html", "ftpbc/errors.html", "index.html"], "an internal module is documented"

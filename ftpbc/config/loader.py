@@ -34,7 +34,14 @@ MAX_ALIAS_NODES = 250_000
 
 
 def load_config(path: str | Path, *, node_id: str | None = None) -> Config:
-    """Read, validate and return the configuration at ``path`` (``node_id`` overrides node.id)."""
+    """Read, validate and return the YAML configuration at ``path``.
+
+    ``node_id`` overrides ``node.id`` (as ``--node-id`` does).  Nothing is contacted: servers,
+    handlers and directories are checked by ``ftpbc check`` and at start-up.  Raises
+    ConfigError, one line naming the file, the line and the key when they are known
+    (``ftpbc.yaml:14: endpoints.quote.poll_interval: expected a number, got 'fast'``), for a
+    missing or unreadable file, malformed YAML or any invalid value.
+    """
     path = Path(path)
     source = str(path)
     try:

@@ -329,6 +329,12 @@ class TransferConfig(_Frozen):
 
 
 class Config(_Frozen):
+    """A whole configuration, validated and immutable: the ``node``, ``servers``,
+    ``endpoints``, ``transfers``, ``topics`` and ``routes`` sections of the YAML file (every key:
+    README.md, Configuration, and docs/).  Made by :func:`ftpbc.load_config`; a bad file or value
+    is a ConfigError naming the file, line and key.  Secrets are held as ``SecretStr`` and never
+    appear in its ``repr``."""
+
     node: NodeConfig = Field(default_factory=NodeConfig)
     servers: dict[str, ServerConfig]
     endpoints: dict[str, EndpointConfig] = Field(default_factory=dict)
@@ -409,6 +415,8 @@ class Config(_Frozen):
         return (self.node.journal_dir / self.node.id, self.node.state_dir)
 
     def with_node_id(self, node_id: str | None) -> Config:
+        """This configuration with ``node.id`` replaced (itself for None or "");
+        ValueError for an id that is not 1-64 characters of ``A-Z a-z 0-9 . _ -``."""
         if not node_id:
             return self
         check_node_id(node_id)

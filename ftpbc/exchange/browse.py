@@ -34,14 +34,22 @@ class Waiting:
     a message listed larger than the endpoint's ``max_message_bytes`` (left unread)."""
 
     path: str
+    """Its remote path on the server."""
     name: str
+    """Its file name (``req.<uuid>``, ``msg.<uuid>``, with header fields where they differ)."""
     size: int
+    """Its size in bytes, as listed."""
     mtime: datetime | None
+    """When it was last written, as the server lists it (None when the server does not say)."""
     envelope: Envelope
+    """Its headers and properties, decoded from the name (``envelope.headers``,
+    ``envelope.properties``)."""
     body: bytes | None = None
+    """Its body when bodies were asked for, else None."""
 
     @property
     def id(self) -> str:
+        """The message's id."""
         return self.envelope.headers.id
 
     def as_json(self) -> dict[str, Any]:

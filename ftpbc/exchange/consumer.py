@@ -89,7 +89,7 @@ class Delivery:
     (:meth:`ack`), given back (:meth:`nack`) or returned when its consumer ends.
 
     ``headers``, ``properties``, ``body``, ``stream`` and ``text()`` are the message's, as a
-    handler sees them (:class:`~ftpbc.exchange.message.Message`, which is :attr:`message`).
+    handler sees them (:class:`ftpbc.Message`, which is :attr:`message`).
     ``state`` is ``received`` until settled, then ``acked``, ``requeued`` (back in the box),
     ``filed`` (in the error or dead-letter directory) or ``lost`` (a sweeper returned the claim
     while this consumer looked dead; the message is, or will be, delivered again).
@@ -112,23 +112,28 @@ class Delivery:
 
     @property
     def name(self) -> str:
+        """The message's file name in the box (as :attr:`ftpbc.Message.name`)."""
         return self.message.name
 
     @property
     def uuid(self) -> str:
+        """The message's id."""
         return self._claimed.uuid
 
     @property
     def size(self) -> int:
+        """The body's length in bytes."""
         return self.message.size
 
     @property
     def headers(self) -> Headers:
+        """The message's headers."""
         assert self.message.headers is not None  # Message fills it in
         return self.message.headers
 
     @property
     def properties(self) -> Mapping[str, PropertyValue]:
+        """The message's typed properties (read-only)."""
         return self.message.properties
 
     @property
@@ -138,13 +143,16 @@ class Delivery:
 
     @property
     def body(self) -> bytes:
+        """The whole body in memory."""
         return self.message.body
 
     @property
     def stream(self) -> IO[bytes]:
+        """The body as a binary file, rewound to its start at each access."""
         return self.message.stream
 
     def text(self, encoding: str = "utf-8") -> str:
+        """The body decoded; UnicodeDecodeError if it is not ``encoding``."""
         return self.message.text(encoding)
 
     @property

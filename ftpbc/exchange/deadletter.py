@@ -45,9 +45,11 @@ class DeadLetter:
 
     @property
     def id(self) -> str:
+        """The message's id (its name when the name cannot be decoded)."""
         return self.envelope.headers.id if self.envelope is not None else self.name
 
     def as_json(self) -> dict[str, Any]:
+        """The dead letter as JSON, with its headers and properties (without its body)."""
         out: dict[str, Any] = {"id": self.id, "name": self.name, "file": self.file, "path": self.path,
                                "node": self.node, "size": self.size,
                                "filed_at": self.filed_at.isoformat(timespec="milliseconds")

@@ -959,6 +959,7 @@ class Selector:
         return v if v is True or v is False else None
 
     def matches(self, headers: Headers, properties: Mapping[str, PropertyValue]) -> bool:
+        """Whether a message with these headers and properties is selected (unknown is not)."""
         return self._fn(headers, properties) is True
 
     def __repr__(self) -> str:

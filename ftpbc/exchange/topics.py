@@ -70,15 +70,21 @@ class UnknownSubscription(FtpbcError):
 
 @dataclass(frozen=True)
 class Subscription:
-    """One subscription of a topic, as its marker says."""
+    """One subscription of a topic, as its marker on the server says (immutable)."""
 
     topic: str
+    """The topic it belongs to."""
     name: str
+    """Its name, unique within the topic."""
     durable: bool
+    """True: it keeps its messages until it is removed; False: it ends with its owner."""
     selector: str | None
-    #: the node or client identity that made it; a non-durable one lives as long as its heartbeat
+    """The JMS selector choosing the messages copied to it (None: every message)."""
     owner: str
+    """The node or client identity that made it; a non-durable one lives as long as its
+    heartbeat."""
     created: datetime
+    """When it was made (UTC)."""
 
     @property
     def endpoint(self) -> str:
@@ -86,6 +92,7 @@ class Subscription:
         return f"{self.topic}{SEPARATOR}{self.name}"
 
     def to_json(self) -> bytes:
+        """Its marker file's content (one JSON line), as :meth:`from_json` reads it."""
         return json.dumps({"version": 1, "topic": self.topic, "name": self.name, "durable": self.durable,
                            "selector": self.selector, "owner": self.owner,
                            "created": self.created.isoformat(timespec="microseconds")},

@@ -33,6 +33,8 @@ from ftpbc.node.provider import Poller, Provider
 
 log = logging.getLogger("ftpbc.node")
 
+#: a handler: called with each message of the endpoint it serves; what it returns is the reply
+#: body (bytes, str or None: :data:`ftpbc.HandlerResult`), what it raises an error reply
 Handler = Callable[[Message], object]
 
 #: why a node does not serve before its first start-up attempt ends (for /readyz; the
@@ -75,8 +77,34 @@ def recover(runtime: Runtime, *, orphans: bool = True) -> list[Action]:
 
 
 class Node:
+    """A serving node, what ``ftpbc serve`` runs: the endpoints with a handler, the transfers
+    with a ``receive_from``, the topics it fans out and the routes of one configuration, served
+    by one node identity (``node.id``) in this process.
+
+    ``with Node(config) as node: ...`` starts it (:meth:`start`) and stops it (:meth:`stop`)
+    when the block ends.  Several nodes, in one process or many, hosts included, share the work
+    of the same exchange areas.
+
+    Guaranteed (docs/guarantees.md): every claimed message is journaled before its handler runs;
+    a recorded result is delivered, never recomputed; a crash is settled at the next start of the
+    same identity, or by a live node after the lease; a reply is exposed at most once.  Not
+    guaranteed: a handler runs at most once (one cut short by a crash or a drain timeout may run
+    again elsewhere: handlers must be idempotent).  Attributes not documented here are internal.
+    """
+
     def __init__(self, config: Config, handlers: dict[str, Handler] | None = None, *,
                  handler_path: Sequence[str | Path] = ()) -> None:
+        """Prepare the node: handlers imported, its journal directory opened; no server is
+        contacted before :meth:`start`.
+
+        ``handlers``: endpoint or transfer name -> handler, serving that name in place of (or
+        without) a ``handler:`` in the configuration.  ``handler_path``: directories to import
+        configured handler modules from, after ``node.handler_path`` (``serve --path``).
+
+        Raises ConfigError naming the key when a configured handler cannot be imported or is
+        not callable, or when ``node.id`` has the form of a client identity
+        (``<id>.client<N>``); JournalError when the journal directory cannot be used.
+        """
         if CLIENT_ID_RE.search(config.node.id):
             raise ConfigError(f"node id {config.node.id!r} has the form of a client identity "
                               "(<id>.client<N>); give the serving node another id", key="node.id",
@@ -131,6 +159,7 @@ class Node:
 
     @property
     def node_id(self) -> str:
+        """This node's identity (``node.id``): its journal, heartbeat and claims carry it."""
         return self.config.node.id
 
     def start(self) -> None:
