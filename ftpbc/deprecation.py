@@ -17,7 +17,8 @@ Guaranteed, for every name in the table:
   decide what is shown: Python hides DeprecationWarning outside ``__main__`` by default);
 * the first access from each importing module is also logged once (logger
   ``ftpbc.deprecation``, level WARNING), so a node whose handler uses an old path says so in its
-  log, whatever the warning filters are.
+  log, whatever the warning filters are (up to ``LOGGED_MAX`` lines a process: the memory of
+  what was logged is bounded).
 
 Not guaranteed: a name not in the table raises AttributeError, as for any module.  Old paths are
 kept at least until the release named in ``remove_in`` (CHANGELOG.md lists them).
@@ -37,8 +38,10 @@ __all__ = ["FtpbcDeprecationWarning", "moved"]
 
 log = logging.getLogger("ftpbc.deprecation")
 
-#: (old module, name, importing module) already logged; bounded by the modules a process imports
+#: (old module, name, importing module) already logged: as many as a process has importers of
+#: old paths, and never more than LOGGED_MAX (past that, the warnings alone speak)
 _logged: set[tuple[str, str, str]] = set()
+LOGGED_MAX = 1000
 _logged_lock = threading.Lock()
 
 
@@ -74,8 +77,9 @@ def moved(old_module: str, names: Mapping[str, str], *,
         importer = str(caller.f_globals.get("__name__", "?"))
         key = (old_module, name, importer)
         with _logged_lock:
-            first = key not in _logged
-            _logged.add(key)
+            first = key not in _logged and len(_logged) < LOGGED_MAX
+            if first:
+                _logged.add(key)
         if first:
             log.warning("%s (imported by %s, %s line %d)", text, importer, caller.f_code.co_filename,
                         caller.f_lineno)

@@ -17,6 +17,7 @@ import pytest
 
 import ftpbc
 import ftpbc.errors
+from ftpbc import deprecation
 from ftpbc.client import Client
 from ftpbc.deprecation import FtpbcDeprecationWarning, moved
 from tests.cluster import in_process_config, write_config
@@ -124,6 +125,20 @@ def test_a_moved_name_is_logged_once_per_importing_module(caplog: pytest.LogCapt
     lines = [r.getMessage() for r in caplog.records if r.name == "ftpbc.deprecation"]
     assert len(lines) == 2, lines
     assert all(f"imported by {__name__}" in line for line in lines), lines
+
+
+def test_the_memory_of_logged_moves_is_bounded(caplog: pytest.LogCaptureFixture,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(deprecation, "_logged", set())
+    monkeypatch.setattr(deprecation, "LOGGED_MAX", 2)
+    getattr_ = moved("ftpbc.old_home_for_test", {f"N{i}": "ftpbc:Message" for i in range(5)})
+    with caplog.at_level("WARNING", logger="ftpbc.deprecation"), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for i in range(5):
+            assert getattr_(f"N{i}") is ftpbc.Message
+    assert len(seen) == 5, "past the bound every access still warns"
+    assert len([r for r in caplog.records if r.name == "ftpbc.deprecation"]) == 2
+    assert len(deprecation._logged) == 2
 
 
 def test_a_malformed_move_is_refused_when_declared() -> None:
