@@ -564,7 +564,7 @@ class Client:
                 timeout: float | None = None) -> Consumer:
         """``with client.consume(endpoint) as deliveries: for m in deliveries: ...``: the
         one-way messages of ``endpoint`` one after the other, acknowledged as ``ack`` says
-        (``auto``, ``client``, ``dups_ok``: see :class:`~ftpbc.exchange.consumer.Consumer`).
+        (``auto``, ``client``, ``dups_ok``: see :class:`ftpbc.Consumer`).
         Leaving the block returns the unacknowledged ones at once.  The loop ends once
         ``timeout`` seconds pass without a message (None: it waits until the client closes)."""
         return Consumer(self._receiver(endpoint), as_selector(selector), ack, timeout)

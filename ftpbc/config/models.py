@@ -424,7 +424,7 @@ class Config(_Frozen):
 
     def endpoint(self, name: str) -> EndpointConfig:
         """An endpoint's configuration; a topic's name gives its incoming area and ``TOPIC/SUB``
-        a subscription's area (derived: see :mod:`ftpbc.config.topics`)."""
+        a subscription's area (derived: docs/topics.md)."""
         found = self.endpoints.get(name)
         if found is not None:
             return found
