@@ -23,7 +23,8 @@ The fence (docs/routing.md, "Where a route may deliver"):
 * No directory destination lies inside an endpoint's or a topic's repository, whatever server
   name reaches it: a message for an endpoint goes through ``endpoint:NAME`` (its naming, its
   stage directory), never into its boxes by path.  Refused at load for fixed destinations,
-  outlinks and ``allow`` entries, per message for templated ones.
+  outlinks and ``allow`` entries, per message for templated ones.  The serving node adds the
+  cluster's coordination directory (``coordination: server``), checked per message.
 
 Not fenced: transfers' directories (a partner's free-form layout) and anything outside the
 configured servers, which no route can reach anyway.
@@ -32,7 +33,7 @@ configured servers, which no route can reach anyway.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -227,41 +228,56 @@ def _below(path: str, prefix: str) -> bool:
     return prefix == "/" or path == prefix or path.startswith(prefix + "/")
 
 
+#: why a directory inside an endpoint's or a topic's area is refused, and what to do instead
+_INTO_AREA = "deliver to an endpoint with endpoint:NAME (or topic:NAME), never into its directories"
+
+
 @dataclass(frozen=True)
 class Fence:
-    """The exchange areas (endpoints' and topics' repositories) no directory destination may lie
-    in; a server's two names (two users, ftp and ftps on one port) count as one server."""
+    """The directories no directory destination may lie in: endpoints' and topics' repositories,
+    and what the caller adds (the cluster's coordination directory on a server); a server's two
+    names (two users, ftp and ftps on one port) count as one server.  Paths are compared as
+    written (normal, absolute): a ``file://`` base that reaches an area through a link is
+    another place to the fence."""
 
     servers: Mapping[str, ServerConfig]
-    areas: tuple[tuple[str, tuple[str, ...], str], ...]
+    #: (label, machine, absolute path, what the refusal says after the label)
+    areas: tuple[tuple[str, tuple[str, ...], str, str], ...]
 
     @classmethod
     def of(cls, servers: Mapping[str, ServerConfig], endpoints: Mapping[str, _Area],
-           topics: Mapping[str, _Area]) -> Fence:
+           topics: Mapping[str, _Area], extra: Iterable[tuple[str, str, str]] = ()) -> Fence:
+        """``extra``: more (label, server name, path below its base) no route may deliver into."""
         areas = []
         for kind, table in (("endpoint", endpoints), ("topic", topics)):
             for name, area in table.items():
                 server = servers.get(area.server)
                 if server is not None:
-                    areas.append((f"{kind} {name!r}", *_place(server, area.repository)))
+                    areas.append((f"{kind} {name!r}", *_place(server, area.repository),
+                                  f"lies inside the exchange area of {kind} {name!r}: {_INTO_AREA}"))
+        for label, server_name, path in extra:
+            server = servers.get(server_name)
+            if server is not None:
+                areas.append((label, *_place(server, path), f"lies inside {label}: no route delivers there"))
         return cls(servers, tuple(areas))
 
     def area_holding(self, server: str, path: str) -> str | None:
-        """``endpoint 'NAME'`` (or ``topic 'NAME'``) whose repository holds directory ``path``
-        of configured server ``server``; None when it lies in no exchange area."""
-        where, absolute = _place(self.servers[server], path)
-        for label, area_where, area_path in self.areas:
-            if area_where == where and _below(absolute, area_path):
-                return label
-        return None
+        """``endpoint 'NAME'`` (or ``topic 'NAME'``, or an extra area's label) whose directory
+        holds directory ``path`` of configured server ``server``; None when it lies in none."""
+        found = self._holding(server, path)
+        return found[0] if found is not None else None
 
     def refusal(self, server: str, path: str) -> str | None:
         """Why a directory destination there is refused, or None."""
-        label = self.area_holding(server, path)
-        if label is None:
-            return None
-        return (f"lies inside the exchange area of {label}: deliver to an endpoint with endpoint:NAME "
-                "(or topic:NAME), never into its directories")
+        found = self._holding(server, path)
+        return found[3] if found is not None else None
+
+    def _holding(self, server: str, path: str) -> tuple[str, tuple[str, ...], str, str] | None:
+        where, absolute = _place(self.servers[server], path)
+        for area in self.areas:
+            if area[1] == where and _below(absolute, area[2]):
+                return area
+        return None
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
+from ftpbc.cluster.factory import coordination_server
 from ftpbc.cluster.liveness import Liveness, LoopGuard
 from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.config.models import Config, EndpointConfig
@@ -132,7 +133,7 @@ class Router(Poller):
         self._settings = {r.name: r for r in self.route.rulesets}
         self._allow = {r.name: AllowList.of(r.allow, config.servers) for r in self.route.rulesets
                        if r.allow is not None}
-        self._fence = Fence.of(config.servers, config.endpoints, config.topics)
+        self._fence = Fence.of(config.servers, config.endpoints, config.topics, _coordination_area(config))
         self.destinations = Destinations(name, self.route.max_destinations)
         self.route_stats = RouteStats()
         self._layouts: dict[str, AreaLayout] = {}
@@ -488,6 +489,18 @@ class Router(Poller):
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(self.status(), sort_keys=True), encoding="utf-8")
         os.replace(tmp, path)
+
+
+def _coordination_area(config: Config) -> list[tuple[str, str, str]]:
+    """The cluster's coordination directory, with ``coordination: server``: written by any
+    producer it would forge locks, heartbeats and sequences, so no route delivers there."""
+    if config.node.coordination != "server":
+        return []
+    try:
+        server = coordination_server(config)
+    except ConfigError:
+        return []  # no server to coordinate on: nothing there to protect
+    return [("the cluster's coordination directory", server, config.node.coordination_dir)]
 
 
 def _why(error: TransportError | None) -> str:
