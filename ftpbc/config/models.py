@@ -260,6 +260,13 @@ class TransferConfig(_Frozen):
     #: a file is received only once its size and time stayed unchanged for this many seconds
     #: (partners that upload in place); 0 for partners that stage and rename
     stable_for: float = Field(default=1.0, ge=0)
+    #: a file is received only once its listed modification time is this many seconds before
+    #: this node's clock (NiFi's minimum file age; 0: not judged); combines with stable_for
+    min_age: float = Field(default=0.0, ge=0)
+    #: a file is received only once the partner's completion marker lies beside it: a name
+    #: pattern of ``%f`` (the file's name), ``%*`` (what receive_from's wildcards matched) and
+    #: text, e.g. ``%f.done``; the marker is removed once the file is settled
+    done_file: str | None = None
     max_deliveries: int = Field(default=5, ge=1, le=1000)
     redelivery_delay: float = Field(default=1.0, ge=0)
     poll_interval: float = Field(default=1.0, gt=0)
@@ -282,6 +289,21 @@ class TransferConfig(_Frozen):
     def _handler_form(cls, v: str | None) -> str | None:
         return EndpointConfig._handler_form(v)
 
+    @field_validator("done_file")
+    @classmethod
+    def _marker_syntax(cls, v: str | None) -> str | None:
+        from ftpbc.errors import PatternError
+        from ftpbc.patterns.marker import MarkerPattern
+
+        if v is None:
+            return v
+        try:
+            MarkerPattern.parse(v)
+        except PatternError as exc:
+            # As a ValueError pydantic reports the key path, and the loader then the line.
+            raise ValueError(str(exc)) from None
+        return v
+
     @field_validator("select_dir", "stage_dir", "error_dir")
     @classmethod
     def _literal_dir(cls, v: str | None) -> str | None:
@@ -301,12 +323,25 @@ class TransferConfig(_Frozen):
             raise ValueError("a transfer needs receive_from, send_to or both")
         if self.receive_from is not None:
             _, name = split_pattern_path("receive_from", self.receive_from)
-            from ftpbc.patterns.grammar import DirName, FileName
+            from ftpbc.patterns.grammar import DirName, FileName, Wildcard
 
             if any(isinstance(t, FileName | DirName) for t in Pattern.parse(name).tokens):
                 raise ValueError(f"receive_from {self.receive_from!r}: %f and %p cannot select files")
+            if self.done_file is not None:
+                from ftpbc.patterns.marker import MarkerPattern
+
+                marker = MarkerPattern.parse(self.done_file)
+                given = sum(isinstance(t, Wildcard) for t in Pattern.parse(name).tokens)
+                if marker.wildcards > given:
+                    raise ValueError(f"done_file {self.done_file!r} uses {marker.wildcards} %* but "
+                                     f"receive_from {self.receive_from!r} has {given}")
+                if self.done_file == name:
+                    raise ValueError(f"done_file {self.done_file!r} is receive_from's own name "
+                                     "pattern: every data file would be its own marker")
         elif self.handler is not None:
             raise ValueError("handler needs receive_from (the files it is called with)")
+        elif self.done_file is not None:
+            raise ValueError("done_file needs receive_from (the files whose markers it names)")
         if self.send_to is not None:
             _, name = split_pattern_path("send_to", self.send_to)
             if Pattern.parse(name).has_wildcard:

@@ -67,15 +67,15 @@ def browse_box(lc: Lifecycle, selector: Selector | None = None, *, limit: int | 
     the listing and the read of its body is left out (it is no longer waiting).
 
     The listing streams through a bounded selection: memory grows with ``limit`` (and with the
-    box only when there is none, or with a layout that judges ``stable_for`` over whole
-    listings), never with what the box holds beyond it."""
+    box only when there is none, or with a layout that judges whole listings: ``stable_for``,
+    ``done_file``), never with what the box holds beyond it."""
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be 0 or more, got {limit}")
     layout = lc.layout
     # With bodies, a few more than the limit are kept: one taken before its read gives its
     # place to the next, as far as they go.
     keep = None if limit is None else limit + (_SPARE if bodies and limit else 0)
-    stable = layout.stable_for > 0
+    gate = layout.gate()
     best: dict[str, Candidate] = {}  # by name: a retried listing may show an entry twice
 
     def admit(c: Candidate) -> None:
@@ -89,15 +89,12 @@ def browse_box(lc: Lifecycle, selector: Selector | None = None, *, limit: int | 
         if keep is not None and len(best) >= keep + keep // 2 + 64:
             best = _best(best.values(), keep)
 
-    every: list[Candidate] = []
-
     def visit(e: Entry) -> bool:
         c = layout.candidate(e)
-        if c is not None:
-            if stable:
-                every.append(c)
-            else:
-                admit(c)
+        if gate is not None:
+            gate.see(e, c)
+        elif c is not None:
+            admit(c)
         return True
 
     # Refused entries (links, fifos: a serving node files them) are no messages to show, and
@@ -107,7 +104,7 @@ def browse_box(lc: Lifecycle, selector: Selector | None = None, *, limit: int | 
         lc.transport.scan(layout.box, visit, refuse_dirs=layout.files_only, refused=refused)
     except NotFound:
         return []
-    for c in (layout.stable(every, time.monotonic()) if stable else ()):
+    for c in (gate.admitted(time.monotonic()) if gate is not None else ()):
         admit(c)
     found: list[Waiting] = []
     for c in _best(best.values(), keep).values():

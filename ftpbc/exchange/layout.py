@@ -52,6 +52,7 @@ from ftpbc.exchange.envelope import (
 )
 from ftpbc.paths import check_name, join
 from ftpbc.patterns import ExpandContext, Pattern
+from ftpbc.patterns.marker import MarkerPattern
 from ftpbc.patterns.match import Value
 from ftpbc.sequences import SequenceStore
 from ftpbc.transport.base import Entry, Transport
@@ -155,6 +156,10 @@ class Layout(ABC):
     orphan_stages: tuple[str, ...] = ()
     #: seconds a file's size and time must stay unchanged before it is claimed (0: at once)
     stable_for: float = 0.0
+    #: seconds a file's listed modification time must lie in the past before it is claimed
+    min_age: float = 0.0
+    #: files wait for a completion marker beside them (:meth:`marker_of`: a transfer's done_file)
+    done_file: bool = False
     #: message ids are unique tokens (UUIDs) that can name journal operations
     unique_ids: bool = True
     #: the box holds message files only, so a directory found in it is refused (filed in the
@@ -170,6 +175,9 @@ class Layout(ABC):
         self._reported: set[str] = set()
         self._decoded: dict[str, Candidate | None] = {}
         self._seen: dict[str, tuple[int, datetime | None, float]] = {}
+        #: markers the last listing found without their data file -> since when (monotonic) they
+        #: were found so and their file not claimed either (None: not checked yet)
+        self._markers_alone: dict[str, float | None] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ listing
@@ -187,13 +195,32 @@ class Layout(ABC):
         """The messages among ``entries``, in delivery order (higher priority first, then oldest).
 
         Unusable names are logged once and skipped; with ``stable_for`` a file is a candidate
-        only once two listings at least ``stable_for`` apart saw the same size and time.
+        only once two listings at least ``stable_for`` apart saw the same size and time; with a
+        completion marker (a transfer's ``done_file``), only while its marker is listed too.
         """
-        found = [c for c in map(self.candidate, entries) if c is not None]
-        if self.stable_for > 0:
-            found = self.stable(found, time.monotonic() if now is None else now)
+        gate = self.gate()
+        if gate is None:
+            found = [c for c in map(self.candidate, entries) if c is not None]
+        else:
+            for e in entries:
+                gate.see(e, self.candidate(e))
+            found = gate.admitted(time.monotonic() if now is None else now)
         found.sort(key=delivery_order)
         return found
+
+    def gate(self) -> ListingGate | None:
+        """What judges one whole listing before any of its files is a candidate (stability,
+        completion markers); None when each listed file is one as it comes."""
+        judged = self.stable_for > 0 or self.done_file or self.min_age > 0
+        return ListingGate(self) if judged else None
+
+    def marker_of(self, c: Candidate) -> str | None:
+        """The name of the completion marker ``c`` waits for beside it (None: none)."""
+        return None
+
+    def is_marker(self, name: str) -> bool:
+        """Whether a listed name is a completion marker (never a message of its own)."""
+        return False
 
     def candidate(self, e: Entry) -> Candidate | None:
         """The candidate one listed entry is (None: a directory, not ours, or unusable, which
@@ -254,6 +281,48 @@ class Layout(ABC):
                 stable.append(c)
         self._seen = fresh  # files no longer listed are forgotten
         return stable
+
+    def old_enough(self, c: Candidate, wall: datetime) -> bool:
+        """Whether ``c``'s listed time lies ``min_age`` seconds before ``wall``.  A time on the
+        minute is taken as the minute's end (a LIST line gives no seconds, and a file must
+        not look older than it is); a file listed without a time is never old enough (logged
+        once)."""
+        if c.mtime is None:
+            self.report(c.name, "listed without a modification time, so min_age can never pass: not "
+                                "received (set min_age: 0 for this server)")
+            return False
+        age = (wall - c.mtime).total_seconds()
+        if c.mtime.second == 0 and c.mtime.microsecond == 0:
+            age -= 60
+        return age >= self.min_age
+
+    def markers_alone(self, orphans: set[str]) -> set[str]:
+        """Of the markers a listing found without their data file, those the previous listing
+        found so too and not reported yet (worth asking whether their files are claimed)."""
+        with self._lock:
+            before = self._markers_alone
+            self._markers_alone = {n: before.get(n) for n in orphans}
+            return {n for n in orphans if n in before and n not in self._reported}
+
+    def lone_markers(self, suspects: set[str], claimed: set[str], now: float) -> list[str]:
+        """Of ``suspects`` (from :meth:`markers_alone`), those whose files were found neither in
+        the box nor claimed for :data:`LONE_AFTER` seconds (``claimed``: whose files are, now).
+
+        A marker is alone while its file is claimed, and for a moment between its file's
+        commit and its own removal; only one alone longer than that is worth a warning."""
+        lone = []
+        with self._lock:
+            for name in suspects:
+                if name not in self._markers_alone:
+                    continue
+                since = self._markers_alone[name]
+                if name in claimed:
+                    self._markers_alone[name] = None
+                elif since is None:
+                    self._markers_alone[name] = now
+                elif now - since >= LONE_AFTER:
+                    lone.append(name)
+        return sorted(lone)
 
     def report(self, name: str, why: str) -> None:
         """Log a problem with a file once (not once per poll)."""
@@ -327,6 +396,64 @@ class Layout(ABC):
     def with_delivery_count(self, c: Candidate, count: int) -> str:
         """``c``'s name with its delivery count set (the name it goes back to the box under)."""
         return c.name
+
+
+class ListingGate:
+    """One whole listing, judged at its end: a layout whose files become candidates only by
+    what other listings or other entries say (``stable_for``: the previous listings; a
+    ``done_file``: the marker beside the file).  Feed it every listed entry with
+    :meth:`see`, then take :meth:`admitted`.
+
+    Memory grows with the candidates listed (as ``stable_for`` always needed) and with the
+    markers, at most :data:`MAX_MARKERS` of them (a directory holding more has the rest
+    wait for a later listing, and says so once)."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.found: list[Candidate] = []
+        self.markers: set[str] = set()
+        #: markers listed without their data file (known once :meth:`admitted` ran)
+        self.orphans: set[str] = set()
+        self._markers_full = False
+
+    def see(self, e: Entry, c: Candidate | None) -> None:
+        """One listed entry, and the candidate it is (None: not one)."""
+        if c is not None:
+            self.found.append(c)
+        elif not e.is_dir and self.layout.is_marker(e.name):
+            if len(self.markers) < MAX_MARKERS:
+                self.markers.add(e.name)
+            elif not self._markers_full:
+                self._markers_full = True
+                self.layout.report(e.name, f"more than {MAX_MARKERS} completion markers listed at once; "
+                                           "the files of the others wait for a later listing")
+
+    def admitted(self, now: float, wall: datetime | None = None) -> list[Candidate]:
+        """The candidates this listing admits (``now``: monotonic seconds; ``wall``: the time
+        ``min_age`` is judged against, now by default).  Each test a layout asks for must pass:
+        a marker beside the file, its size and time unchanged for ``stable_for``, its listed
+        time ``min_age`` old."""
+        layout = self.layout
+        found = admit = self.found
+        if layout.done_file:
+            expected: set[str] = set()
+            admit = []
+            for c in found:
+                marker = layout.marker_of(c)
+                if marker is None:
+                    continue  # no marker it can have (logged once)
+                expected.add(marker)
+                if marker in self.markers:
+                    admit.append(c)
+            self.orphans = self.markers - expected
+        if layout.stable_for > 0:
+            # Stability is judged over every file listed, marked or not, so that a file whose
+            # marker arrives after it stopped changing is delivered at once.
+            stable = {c.name for c in layout.stable(found, now)}
+            admit = [c for c in admit if c.name in stable]
+        if layout.min_age > 0:
+            admit = [c for c in admit if layout.old_enough(c, wall or datetime.now(UTC))]
+        return admit
 
 
 def delivery_order(c: Candidate) -> tuple[int, datetime, str]:
@@ -535,6 +662,9 @@ class PartnerLayout(Layout):
         self.sequences = sequences
         self.clock = clock
         self.stable_for = config.stable_for
+        self.min_age = config.min_age
+        self.marker = MarkerPattern.parse(config.done_file) if config.done_file else None
+        self.done_file = self.marker is not None
         self.receive_pattern: Pattern | None = None
         self.send_pattern: Pattern | None = None
         rdir = sdir = "/"
@@ -575,6 +705,8 @@ class PartnerLayout(Layout):
 
     def _decode(self, entry: Entry) -> Candidate | None:
         assert self.receive_pattern is not None
+        if self.marker is not None and self.marker.is_marker(entry.name):
+            return None  # a completion marker, never a file of its own
         m = self.receive_pattern.match(entry.name)
         if m is None:
             return None
@@ -584,6 +716,22 @@ class PartnerLayout(Layout):
         uid = m.uuid
         return Candidate(entry.name, entry.size, entry.mtime,
                          Envelope(Headers(id=uid or entry.name), {}, entry.name), values)
+
+    def is_marker(self, name: str) -> bool:
+        return self.marker is not None and self.marker.is_marker(name)
+
+    def marker_of(self, c: Candidate) -> str | None:
+        """``c``'s marker name (None without ``done_file``, or when its name is no name the
+        transfer could remove: that file is never received, which is logged once)."""
+        if self.marker is None:
+            return None
+        try:
+            name = self.marker.name_for(c.name, sorted_wildcards(c.values))
+            check_name(name)
+        except (ValueError, UnsafeNameError) as exc:
+            self.report(c.name, f"its completion marker cannot be named, so it is never received: {exc}")
+            return None
+        return name
 
     # names
 
@@ -645,6 +793,19 @@ class PartnerLayout(Layout):
             return None
         return self.plan(op_id, node_id, file=c.name, directory=self.receive_dir)
 
+
+def sorted_wildcards(values: Mapping[str, Value]) -> list[str]:
+    """What each ``%*`` matched, in order, from a candidate's values (``%*0``, ``%*1`` ...)."""
+    found = {int(k[2:]): str(v) for k, v in values.items() if k.startswith("%*") and k[2:].isdigit()}
+    return [found[i] for i in sorted(found)]
+
+
+#: seconds a completion marker must be found without its file, claimed or not, before it is
+#: logged as lone (a file's commit and its marker's removal are a round trip apart)
+LONE_AFTER = 3.0
+#: completion markers one listing holds at most (a directory flooded with them does not grow a
+#: node's memory without bound)
+MAX_MARKERS = 100_000
 
 #: journal and lock names of transfers; ':' cannot occur in an endpoint name, so none collide
 KEY_PREFIX = "transfer:"

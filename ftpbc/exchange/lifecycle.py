@@ -73,11 +73,11 @@ from ftpbc.errors import (
     UnsafeEntry,
     UnsafeNameError,
 )
-from ftpbc.exchange.area import REASON_SUFFIX, archive_name, split_stage
+from ftpbc.exchange.area import REASON_SUFFIX, archive_name, parse_archive_name, split_stage
 from ftpbc.exchange.bounds import DEFAULT_MAX_MESSAGE_BYTES, READ_MARGIN, BoundedSink, body_length, check_body
 from ftpbc.exchange.capacity import Capacity
 from ftpbc.exchange.envelope import EXPIRED_TYPE, NAME_LIMIT, Envelope, Headers
-from ftpbc.exchange.layout import AreaLayout, Candidate, Commit, Layout, Outbound, delivery_order
+from ftpbc.exchange.layout import LONE_AFTER, AreaLayout, Candidate, Commit, Layout, Outbound, delivery_order
 from ftpbc.exchange.policy import DEFAULT_POLICY, QueuePolicy
 from ftpbc.faults import crash_point
 from ftpbc.journal import EndpointJournal, Operation
@@ -383,8 +383,7 @@ class Lifecycle:
             if keep is not None and len(best) >= keep + keep // 2 + 64:
                 best = heapq.nsmallest(keep, best, key=delivery_order)
 
-        stable = layout.stable_for > 0
-        every: list[Candidate] = []
+        gate = layout.gate()
         entries = 0
 
         def visit(e: Entry) -> bool:
@@ -393,12 +392,13 @@ class Lifecycle:
             if background and entries % YIELD_EVERY == 0:
                 time.sleep(0)
             c = layout.candidate(e)
+            if gate is not None:
+                gate.see(e, c)  # judged once the listing is whole
+                found += c is not None
+                return True
             if c is None:
                 return True
             found += 1
-            if stable:
-                every.append(c)
-                return True
             admit(c)
             return (stop_after is None or found < stop_after) and not (cancel is not None and cancel.is_set())
 
@@ -407,9 +407,11 @@ class Lifecycle:
                                        refused=refused)
         if refused:
             self._file_refused(refused)
-        if stable:
-            for c in layout.stable(every, time.monotonic()):
+        if gate is not None:
+            for c in gate.admitted(time.monotonic(), self.clock()):
                 admit(c)
+            if gate.orphans and glob is None:
+                self._report_lone_markers(gate.orphans)
         if expired:
             with self._lock:
                 if len(self._expired) >= MAX_HELD:
@@ -422,6 +424,32 @@ class Lifecycle:
         else:
             best.sort(key=delivery_order)
         return Listing(best, found, complete, time.monotonic() - started)
+
+    def _report_lone_markers(self, orphans: set[str]) -> None:
+        """Log, once each, the completion markers found without their data file in this
+        listing and the one before, unless that file is claimed (a claim keeps its marker until
+        it is settled).  Such a marker is left alone: its file may still be on its way."""
+        layout = self.layout
+        suspects = layout.markers_alone(orphans)
+        if not suspects:
+            return
+        claimed: set[str] = set()
+        if layout.select is not None:
+            try:
+                entries = self.transport.list(layout.select)
+            except TransportError as exc:
+                log.info("%s: cannot list %s to tell lone markers from claimed files' (next listing "
+                         "will): %s", self.name, layout.select, exc)
+                return
+            for e in entries:
+                name, _, _ = parse_archive_name(e.name)
+                cand = layout.decode_name(name)
+                marker = layout.marker_of(cand) if cand is not None else None
+                if marker in suspects:
+                    claimed.add(marker)
+        for name in layout.lone_markers(suspects, claimed, time.monotonic()):
+            layout.report(name, f"completion marker without its data file for {LONE_AFTER:g} s or "
+                                "more: left alone (its file is not here, nor claimed)")
 
     def _hold(self, returned: Sequence[Candidate], now: float) -> None:
         """Hold back messages that came back to the box (their names carry a delivery count)
@@ -980,6 +1008,9 @@ class Lifecycle:
                 error, result = refused, None
         commit = commit or layout.commit(claimed.candidate, self.node_id, when, error=error is not None)
         fields = {"claim": claimed.path, "commit": commit.path, "request": claimed.name}
+        marker = layout.marker_of(claimed.candidate)
+        if marker is not None:
+            fields["marker"] = layout.box_path(marker)  # removed once the file is settled
         if commit.cleanup:
             fields["cleanup"] = "1"
         if unopened:
@@ -1050,6 +1081,8 @@ class Lifecycle:
             reason_path = commit + REASON_SUFFIX
             if not t.exists(reason_path):
                 t.put(reason_path, io.BytesIO(f["reason"].encode("utf-8") + b"\n"))
+        if f.get("marker"):
+            self._consume_marker(f["marker"])
         if out is not None:
             self.expose(out, staged=staged, body=lambda: io.BytesIO(self.journal.load_result(f)))
             crash_point("serve.after-expose")
@@ -1068,6 +1101,19 @@ class Lifecycle:
                 pass
         self.journal.end(op_id)
         return True
+
+    def _consume_marker(self, marker: str) -> None:
+        """Remove a settled file's completion marker: after the commit, so that a crash between
+        the two leaves a marker without a file (never received twice), which recovery's run
+        of :meth:`finish_served` removes.  One this node may not remove is left and logged:
+        failing the finish for it would hold the file's result back for good."""
+        try:
+            self.transport.delete(marker)
+        except NotFound:
+            pass  # removed by an earlier attempt (or by the partner)
+        except PermissionDenied as exc:
+            log.warning("%s: %s: cannot remove the completion marker; a new file of the same name "
+                        "will be received as soon as it is listed: %s", self.name, marker, exc)
 
     def filed_dead(self, path: str) -> bool:
         """Whether ``path`` is in this layout's dead-letter directory."""
