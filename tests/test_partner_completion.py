@@ -15,6 +15,7 @@ import signal
 import subprocess
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -291,3 +292,22 @@ def test_marker_names_from_the_file_and_its_wildcards(tmp_path: Path) -> None:
     assert plain.decode_name("a.xml.done") is None  # a marker is never data, whatever matches
     c = plain.decode_name("a.xml")
     assert c is not None and plain.marker_of(c) == "a.xml.done"
+
+
+def test_only_a_marker_file_beside_the_file_completes_it(tmp_path: Path) -> None:
+    """A directory of the marker's name, or a marker of another file, completes nothing; a
+    marker listed before its file completes it all the same (one whole listing is judged)."""
+    from ftpbc.exchange.layout import PartnerLayout
+    from ftpbc.sequences import SequenceStore
+    from ftpbc.transport.base import Entry
+
+    cfg = TransferConfig(server="s", receive_from="/out/%*.xml", done_file="%f.done", stable_for=0)
+    layout = PartnerLayout("orders", cfg, SequenceStore(tmp_path / "l", tmp_path / "s"))
+    now = datetime.now(UTC)
+
+    def taken(*entries: tuple[str, bool]) -> list[str]:
+        return [c.name for c in layout.candidates([Entry(n, 5, now, d) for n, d in entries])]
+
+    assert taken(("a.xml", False), ("a.xml.done", True)) == []
+    assert taken(("a.xml", False), ("b.xml.done", False)) == []
+    assert taken(("a.xml.done", False), ("a.xml", False), ("b.xml", False)) == ["a.xml"]
