@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -69,8 +69,8 @@ def post_one_way(config_path: str, node_id: str | None, post: Callable[[Client],
               help="Wait this many seconds for the response (default: the endpoint's timeout).")
 @message_options
 def request(config_path: str, node_id: str | None, endpoint: str, data: str | None, file: str | None,
-            stdin: str | None, timeout: float | None, priority: int | None, ttl: float | None,
-            properties: tuple[str, ...], correlation_id: str | None, message_type: str | None) -> None:
+            stdin: str | None, timeout: float | None, ttl: float | None, properties: tuple[str, ...],
+            **headers: Any) -> None:
     """Send a request to ENDPOINT and print the response body.
 
     Exits 3 when no response comes in time, 4 when the provider's handler failed, 5 when the
@@ -80,7 +80,7 @@ def request(config_path: str, node_id: str | None, endpoint: str, data: str | No
     from ftpbc.client import Client
 
     body = read_body(data, file, stdin == "-")
-    options = options_dict(priority, ttl, properties, correlation_id, message_type)
+    options = options_dict(ttl, properties, headers)
     # SIGTERM ends the wait like Ctrl-C does, so the request is withdrawn before exiting.
     signal.signal(signal.SIGTERM, _interrupt)
     with Client.with_identity(load(config_path), node_id) as client, failures_exit():
@@ -105,8 +105,7 @@ def request(config_path: str, node_id: str | None, endpoint: str, data: str | No
 @body_options
 @message_options
 def send(config_path: str, node_id: str | None, endpoint: str, data: str | None, file: str | None,
-         stdin: str | None, priority: int | None, ttl: float | None, properties: tuple[str, ...],
-         correlation_id: str | None, message_type: str | None) -> None:
+         stdin: str | None, ttl: float | None, properties: tuple[str, ...], **headers: Any) -> None:
     """Send a one-way message to ENDPOINT (or a file to a transfer's send_to); print its remote path.
 
     Exits 6 when the endpoint's queue is full (max_messages, max_bytes) and on_overflow is
@@ -114,7 +113,7 @@ def send(config_path: str, node_id: str | None, endpoint: str, data: str | None,
     dead letters instead, and the path printed is there.
     """
     body = read_body(data, file, stdin == "-")
-    options = options_dict(priority, ttl, properties, correlation_id, message_type)
+    options = options_dict(ttl, properties, headers)
     post_one_way(config_path, node_id, lambda client: client.send(endpoint, body, **options))
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from ftpbc.cli.common import F
+from ftpbc.exchange.headers import Headers, HeaderSpec
 
 _INT = re.compile(r"[+-]?[0-9]+")
 _FLOAT = re.compile(r"[+-]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+(?=[eE]))(?:[eE][+-]?[0-9]+)?")
@@ -43,33 +44,47 @@ def parse_properties(values: tuple[str, ...]) -> dict[str, bool | int | float | 
     return out
 
 
-def message_options(f: F) -> F:
-    """``--priority``, ``--ttl``, ``--property`` (repeatable), ``--correlation-id``, ``--type``."""
-    f = click.option("--type", "message_type", default=None, help="Set the message's type (JMSType).")(f)
-    f = click.option("--correlation-id", default=None, help="Set the message's correlation id.")(f)
+class _HeaderValue(click.ParamType[Any]):
+    """A header's value on the command line, read as the header table says (its ``cli``)."""
+
+    def __init__(self, spec: HeaderSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return self.spec.kind.cli(value, self.spec.name)
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
+
+
+def message_options(f: F, headers: type[Headers] = Headers) -> F:
+    """``--ttl``, ``--property`` (repeatable), and one option per header the table gives a
+    command-line option (``--priority``, ``--correlation-id``, ``--type``); the command gets
+    each as the keyword of its header's name (None when not given)."""
+    for spec in reversed(headers.table.cli):
+        assert spec.cli is not None
+        f = click.option(spec.cli, spec.name, type=_HeaderValue(spec), default=None,
+                         metavar=spec.kind.metavar, help=spec.help)(f)
     f = click.option("--property", "properties", multiple=True, metavar="NAME=VALUE",
                      help="Add a property (repeatable); true/false is a boolean, an integer an int, a "
                           "number with a point or exponent a float, anything else text.")(f)
     f = click.option("--ttl", type=click.FloatRange(0, min_open=True), default=None,
                      help="Expire the message after this many seconds (default: the endpoint's ttl).")(f)
-    f = click.option("--priority", type=click.IntRange(0, 9), default=None,
-                     help="Give the message this priority, 0 (lowest) to 9 (highest) (default: the "
-                          "endpoint's, 4).")(f)
     return f
 
 
-def options_dict(priority: int | None, ttl: float | None, properties: tuple[str, ...],
-                 correlation_id: str | None, message_type: str | None) -> dict[str, Any]:
-    """The keyword arguments of Client.send/request for the options given (none: no key)."""
+def options_dict(ttl: float | None, properties: tuple[str, ...], headers: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of Client.send/request for the options given (none: no key);
+    ``headers`` are the header options by header name."""
     out: dict[str, Any] = {}
-    if priority is not None:
-        out["priority"] = priority
     if ttl is not None:
         out["ttl"] = ttl
     if properties:
         out["properties"] = parse_properties(properties)
-    if correlation_id is not None:
-        out["correlation_id"] = correlation_id
-    if message_type is not None:
-        out["type"] = message_type
+    for name, value in headers.items():
+        if value is not None:
+            out[name] = value
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -19,15 +20,14 @@ from ftpbc.cli.options import message_options, options_dict
 @body_options
 @message_options
 def publish(config_path: str, node_id: str | None, topic: str, data: str | None, file: str | None,
-            stdin: str | None, priority: int | None, ttl: float | None, properties: tuple[str, ...],
-            correlation_id: str | None, message_type: str | None) -> None:
+            stdin: str | None, ttl: float | None, properties: tuple[str, ...], **headers: Any) -> None:
     """Publish a message to TOPIC: every subscription that selects it gets a copy; print its UUID.
 
     The copies are made by the nodes that serve the topic (ftpbc serve), in the subscriptions
     that exist when they do and existed when the message was sent.
     """
     body = read_body(data, file, stdin == "-")
-    options = options_dict(priority, ttl, properties, correlation_id, message_type)
+    options = options_dict(ttl, properties, headers)
     post_one_way(config_path, node_id, lambda client: client.publish(topic, body, **options))
 
 

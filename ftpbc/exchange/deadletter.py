@@ -62,13 +62,7 @@ def envelope_json(env: Envelope | None) -> dict[str, Any]:
     """``{"headers": {...}, "properties": {...}}`` of an envelope (datetimes in ISO 8601)."""
     if env is None:
         return {"headers": None, "properties": None}
-    h = env.headers
-    headers: dict[str, Any] = {
-        "id": h.id, "kind": h.kind, "priority": h.priority, "delivery_count": h.delivery_count,
-        "timestamp": h.timestamp.isoformat(timespec="milliseconds") if h.timestamp else None,
-        "expiration": h.expiration.isoformat(timespec="milliseconds") if h.expiration else None,
-        "correlation_id": h.correlation_id, "reply_to": h.reply_to, "type": h.type,
-        "message_class": h.message_class}
+    headers = type(env.headers).table.json(env.headers)
     return {"headers": headers, "properties": dict(env.properties)}
 
 

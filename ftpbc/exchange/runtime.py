@@ -7,17 +7,18 @@ import functools
 import logging
 import threading
 import uuid as uuidlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, Unpack
 
 from ftpbc.cluster.factory import open_coordination
 from ftpbc.cluster.lease import Lease, safety_margin
 from ftpbc.cluster.liveness import Liveness
 from ftpbc.config.models import Config
 from ftpbc.errors import ConfigError
-from ftpbc.exchange.envelope import DEFAULT_PRIORITY, RESERVED_TYPE_PREFIX, Headers, Kind, PropertyValue
+from ftpbc.exchange.headers import Headers, Kind
+from ftpbc.exchange.headers import MessageOptions as MessageOptions  # named by new_message callers
 from ftpbc.exchange.layout import KEY_PREFIX, AreaLayout, Direction, PartnerLayout
 from ftpbc.exchange.lifecycle import Lifecycle
 from ftpbc.exchange.policy import QueuePolicy
@@ -28,17 +29,6 @@ from ftpbc.patterns import ExpandContext, Pattern
 from ftpbc.transport import Transport, open_transport
 
 log = logging.getLogger("ftpbc.recovery")
-
-
-class MessageOptions(TypedDict, total=False):
-    """Per-message headers and properties a sender may give (:meth:`Runtime.new_message`)."""
-
-    priority: int
-    ttl: float
-    properties: Mapping[str, PropertyValue]
-    correlation_id: str
-    type: str
-    reply_to: str
 
 
 class Runtime:
@@ -158,31 +148,51 @@ class Runtime:
 
         return self._made(key, make)
 
-    def new_message(self, endpoint: str, kind: Kind, *, priority: int | None = None,
-                    properties: Mapping[str, PropertyValue] | None = None, ttl: float | None = None,
-                    correlation_id: str | None = None, type: str | None = None,
-                    reply_to: str | None = None) -> tuple[str, str]:
+    def new_message(self, endpoint: str, kind: Kind, **options: Unpack[MessageOptions]) -> tuple[str, str]:
         """A fresh ``(file name, uuid)`` for a request or one-way message of ``endpoint``.
 
-        ``priority`` (0-9) and ``ttl`` (seconds until the message expires) default to the
-        endpoint's; ``type`` may not start with ``ftpbc.`` (ftpbc's own replies use those).
-        ``reply_to`` (requests only) names the endpoint whose outbox gets the response: one of
-        this configuration's, on the same server (else ValueError, before anything is sent).
+        ``options`` are ``ttl`` (seconds until the message expires; default the endpoint's),
+        ``properties``, and the headers a sender may set (the header table's ``send`` column):
+        ``priority`` defaults to the endpoint's; a value the table refuses (a ``type``
+        starting ``ftpbc.``, ftpbc's own replies use those) is a ValueError; ``reply_to``
+        (requests only) names the endpoint whose outbox gets the response: one of this
+        configuration's, on the same server (else ValueError, before anything is sent).
         """
         ep = self.config.endpoint(endpoint)
+        table = Headers.table
+        given: dict[str, Any] = dict(options)
+        ttl = given.pop("ttl", None)
+        properties = given.pop("properties", None)
+        values: dict[str, Any] = {}
+        for spec in table.sendable:
+            value = given.pop(spec.name, None)
+            if value is None:
+                continue
+            why = spec.refuse(value) if spec.refuse is not None else None
+            if why is not None:
+                raise ValueError(why)
+            values[spec.name] = value
+        if given:
+            raise TypeError(f"unknown message option(s) {', '.join(sorted(given))}: expected ttl, "
+                            f"properties, {', '.join(s.name for s in table.sendable)}")
+        reply_to = values.get("reply_to")
         if reply_to is not None:
             self._check_reply_to(endpoint, kind, reply_to)
-        priority = ep.priority if priority is None else priority
+        values.setdefault("priority", ep.priority)
         ttl = ep.ttl if ttl is None else ttl
         if ttl is not None and not ttl > 0:
             raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
-        if type is not None and type.startswith(RESERVED_TYPE_PREFIX):
-            raise ValueError(f"message type {type!r}: types starting {RESERVED_TYPE_PREFIX!r} are "
-                             "ftpbc's own")
-        expiration = None if ttl is None else datetime.now(UTC) + timedelta(seconds=ttl)
+        if ttl is not None:
+            values["expiration"] = datetime.now(UTC) + timedelta(seconds=ttl)
         # A message published to a topic carries when it was sent: a subscription created
         # after that does not get it (docs/topics.md)
-        stamp = datetime.now(UTC) if endpoint in self.config.topics else None
+        if endpoint in self.config.topics:
+            values["timestamp"] = datetime.now(UTC)
+        # A reply to the endpoint itself is the default; dropboxmq names mark a request by it
+        if reply_to == endpoint:
+            del values["reply_to"]
+        if kind == "request" and ep.naming != "ftpbc" and "reply_to" not in values:
+            values["reply_to"] = endpoint
         layout = self.lifecycle(endpoint).layout
         assert isinstance(layout, AreaLayout)
         prefix = ep.request_prefix if kind == "request" else ep.oneway_prefix
@@ -197,15 +207,11 @@ class Runtime:
                 ExpandContext(endpoint=endpoint, store=self.sequences, tz=ep.timezone))
             assert expansion.uuid is not None  # message_name is validated to contain %u
             base, uid = prefix + expansion.name, expansion.uuid
-        if (ep.naming == "ftpbc" and priority == DEFAULT_PRIORITY and not properties and expiration is None
-                and stamp is None and correlation_id is None and type is None
-                and reply_to in (None, endpoint)):
+        if ep.naming == "ftpbc" and not properties and all(
+                table.by_name[name].default == value for name, value in values.items()):
             name = base  # all defaults: the plain name
         else:
-            headers = Headers(id=uid, kind=kind, priority=priority, timestamp=stamp, expiration=expiration,
-                              correlation_id=correlation_id, type=type,
-                              reply_to=reply_to if reply_to not in (None, endpoint)
-                              else endpoint if kind == "request" and ep.naming != "ftpbc" else None)
+            headers = Headers(id=uid, kind=kind, **values)
             name = layout.name_for(headers, dict(properties or {}), base)
         layout.check_sendable(name, base)
         return name, uid

@@ -15,7 +15,8 @@ line naming the column.  ``docs/queues.md`` describes the language; in short:
 Identifiers
     Header fields by their JMS names (``JMSPriority``, ``JMSMessageID``, ``JMSCorrelationID``,
     ``JMSType``, ``JMSTimestamp``, ``JMSExpiration``, ``JMSDeliveryMode``, ``JMSRedelivered``,
-    ``JMSReplyTo``, ``JMSXDeliveryCount``, ``JMS_ftpbcKind``: see :data:`HEADER_FIELDS`), every
+    ``JMSReplyTo``, ``JMSXDeliveryCount``, ``JMS_ftpbcKind``: the ``jms`` column of the header
+    table, see :data:`HEADER_FIELDS`), every
     other name a property (case-sensitive).  A property the message does not have is NULL.
     Other names starting ``JMS`` (not ``JMSX`` or ``JMS_``) are refused, as JMS reserves them.
 Literals
@@ -56,14 +57,22 @@ import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ftpbc.errors import SelectorError
-from ftpbc.exchange.envelope import Headers, PropertyValue
+from ftpbc.exchange.headers import Headers, PropertyValue
 
-__all__ = ["HEADER_FIELDS", "MAX_DEPTH", "MAX_IN_LIST", "MAX_SELECTOR_LENGTH", "LikeMatcher", "Selector",
-           "SelectorError", "compile_selector"]
+__all__ = [
+    "HEADER_FIELDS",
+    "MAX_DEPTH",
+    "MAX_IN_LIST",
+    "MAX_SELECTOR_LENGTH",
+    "LikeMatcher",
+    "Selector",
+    "SelectorError",
+    "compile_selector",
+    "header_fields",
+]
 
 #: the longest selector compiled, in characters (white space included)
 MAX_SELECTOR_LENGTH = 16 * 1024
@@ -75,31 +84,19 @@ MAX_IN_LIST = 1000
 Value = Any  # bool | int | float | str | None
 Fn = Callable[[Headers, Mapping[str, PropertyValue]], Value]
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MS = timedelta(milliseconds=1)
 
 
-def _ms(dt: datetime | None) -> int | None:
-    return None if dt is None else (dt - _EPOCH) // _MS
+def header_fields(headers: type[Headers] = Headers) -> dict[str, Callable[[Headers], Value]]:
+    """The header identifiers of ``headers``' table, each with how it is read from the headers,
+    and those no header carries (``JMSDeliveryMode``: every message in a file is persistent)."""
+    fields: dict[str, Callable[[Headers], Value]] = dict(headers.table.identifiers)
+    fields["JMSDeliveryMode"] = lambda h: "PERSISTENT"
+    return fields
 
 
-#: header identifiers and how each is read from :class:`Headers`
-HEADER_FIELDS: dict[str, Callable[[Headers], Value]] = {
-    "JMSPriority": lambda h: h.priority,
-    "JMSMessageID": lambda h: h.id,
-    "JMSCorrelationID": lambda h: h.correlation_id,
-    "JMSType": lambda h: h.type,
-    "JMSTimestamp": lambda h: _ms(h.timestamp),
-    # JMS: 0 when the message never expires
-    "JMSExpiration": lambda h: 0 if h.expiration is None else _ms(h.expiration),
-    # every message in a file is persistent
-    "JMSDeliveryMode": lambda h: "PERSISTENT",
-    "JMSRedelivered": lambda h: h.delivery_count > 0,
-    "JMSReplyTo": lambda h: h.reply_to,
-    # JMS counts deliveries from 1 (this one); the header counts the ones before
-    "JMSXDeliveryCount": lambda h: h.delivery_count + 1,
-    "JMS_ftpbcKind": lambda h: h.kind,
-}
+#: header identifiers (the header table's, :func:`header_fields`) and how each is read
+HEADER_FIELDS: Mapping[str, Callable[[Headers], Value]] = header_fields()
+
 
 _KEYWORDS = frozenset(("NOT", "AND", "OR", "BETWEEN", "LIKE", "IN", "IS", "NULL", "ESCAPE", "TRUE", "FALSE"))
 _TOKEN = re.compile(r"""
@@ -189,8 +186,8 @@ def _const(value: Value) -> Fn:
     return lambda h, p: value
 
 
-def _identifier(name: str) -> Fn:
-    header = HEADER_FIELDS.get(name)
+def _identifier(name: str, fields: Mapping[str, Callable[[Headers], Value]]) -> Fn:
+    header = fields.get(name)
     if header is not None:
         return lambda h, p: header(h)
     # properties arrive as a mapping proxy or a dict: both have .get
@@ -664,8 +661,9 @@ class _Parser:
         unary      = (+|-) unary | literal | identifier | ( condition )
     """
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, fields: Mapping[str, Callable[[Headers], Value]]) -> None:
         self.text = text
+        self.fields = fields
         if len(text) > MAX_SELECTOR_LENGTH:
             raise SelectorError(text[:60] + "...", MAX_SELECTOR_LENGTH + 1,
                                 f"a selector is at most {MAX_SELECTOR_LENGTH} characters "
@@ -924,10 +922,11 @@ class _Parser:
         if t.kind == "name":
             self.advance()
             name = t.text
-            if name.startswith("JMS") and name not in HEADER_FIELDS and not name.startswith(("JMSX", "JMS_")):
-                known = ", ".join(k for k in HEADER_FIELDS if not k.startswith(("JMSX", "JMS_")))
+            fields = self.fields
+            if name.startswith("JMS") and name not in fields and not name.startswith(("JMSX", "JMS_")):
+                known = ", ".join(k for k in fields if not k.startswith(("JMSX", "JMS_")))
                 raise self.error(f"unknown header {name!r} (headers: {known})", t)
-            return _Node(_identifier(name), "any", t.column, ident=name)
+            return _Node(_identifier(name, fields), "any", t.column, ident=name)
         if t.kind == "op" and t.text == "(":
             self.advance()
             self.deeper(t)
@@ -943,15 +942,21 @@ class _Parser:
 
 class Selector:
     """A compiled selector.  ``matches(headers, properties)`` is True only when the condition is
-    true (not false, not unknown).  Immutable and thread-safe."""
+    true (not false, not unknown).  Immutable and thread-safe.
 
-    __slots__ = ("_fn", "text")
+    ``headers`` is the class whose header table gives the identifiers (Headers, or a subclass
+    adding headers); the headers it evaluates must be of that class.
+    """
 
-    def __init__(self, text: str) -> None:
+    __slots__ = ("_fn", "headers", "text")
+
+    def __init__(self, text: str, *, headers: type[Headers] = Headers) -> None:
         if not isinstance(text, str):
             raise TypeError(f"a selector is a str, got {type(text).__name__}")
         self.text = text
-        self._fn = _Parser(text).parse()
+        self.headers = headers
+        fields = HEADER_FIELDS if headers is Headers else header_fields(headers)
+        self._fn = _Parser(text, fields).parse()
 
     def evaluate(self, headers: Headers, properties: Mapping[str, PropertyValue]) -> bool | None:
         """True, False or None (unknown)."""
@@ -966,13 +971,16 @@ class Selector:
         return f"Selector({self.text!r})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Selector) and other.text == self.text
+        return isinstance(other, Selector) and other.text == self.text and other.headers is self.headers
 
     def __hash__(self) -> int:
         return hash(self.text)
 
 
 @functools.lru_cache(maxsize=256)
-def compile_selector(text: str) -> Selector:
-    """The compiled selector of ``text`` (cached); SelectorError naming the column if malformed."""
-    return Selector(text)
+def compile_selector(text: str, *, headers: type[Headers] = Headers) -> Selector:
+    """The compiled selector of ``text`` (cached); SelectorError naming the column if malformed.
+
+    ``headers``: the class whose header table gives the identifiers (see :class:`Selector`).
+    """
+    return Selector(text, headers=headers)

@@ -514,10 +514,8 @@ def _lookup(env: Envelope) -> Lookup:
     """A message's values by name: its properties first, then its headers."""
     props = env.properties
     h = env.headers
-    headers: dict[str, str | None] = {
-        "id": h.id, "kind": h.kind, "priority": str(h.priority), "type": h.type,
-        "correlation_id": h.correlation_id, "reply_to": h.reply_to, "message_class": h.message_class,
-    }
+    values = h.__dict__
+    headers = {spec.name: spec.value_text(values[spec.name]) for spec in type(h).table.lookup}
 
     def find(name: str) -> str | None:
         if name in props:
