@@ -383,6 +383,24 @@ def test_destinations_outside_the_fence_are_refused_at_load_naming_the_key(rules
     assert f"{key}: " in text and message in text, text
 
 
+def test_an_allow_entry_refused_is_shown_at_its_own_line() -> None:
+    text = FENCE_BASE + """
+routes:
+  r:
+    source: events
+    rulesets:
+      - name: a
+        uri_template: ['##uri##']
+        allow:
+          - file:///tmp/ftpbc-routes/out
+          - file:///tmp/ftpbc-routes/audit/inbox
+"""
+    line = text.splitlines().index("          - file:///tmp/ftpbc-routes/audit/inbox") + 1
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, source="ftpbc.yaml")
+    assert str(info.value).startswith(f"ftpbc.yaml:{line}: routes.r.rulesets.0.allow.1: "), str(info.value)
+
+
 def test_outlinks_inside_an_exchange_area_are_refused_at_load() -> None:
     with pytest.raises(ConfigError, match=r"routes\.r\.failure: .* lies inside the exchange area of endpoint "
                                           "'audit'"):

@@ -164,10 +164,14 @@ def _translate(exc: ValidationError, source: str, lines: dict[KeyPath, int]) -> 
 
 
 def _line_for(loc: KeyPath, lines: dict[KeyPath, int]) -> int | None:
+    # A key path read from a message (``routes.r.rulesets.0.allow.1``) holds list positions as
+    # text; the lines are keyed by int there (a mapping key made of digits stays text).
+    indexed = tuple(int(p) if isinstance(p, str) and p.isdigit() else p for p in loc)
     while loc:
-        if loc in lines:
-            return lines[loc]
-        loc = loc[:-1]
+        for key in (loc, indexed):
+            if key in lines:
+                return lines[key]
+        loc, indexed = loc[:-1], indexed[:-1]
     return None
 
 
