@@ -86,9 +86,8 @@ if TYPE_CHECKING:
     from ftpbc.exchange.browse import Waiting
     from ftpbc.exchange.consumer import AckMode, Consumer, Delivery
     from ftpbc.exchange.deadletter import DeadLetter, DeadLetters
-    from ftpbc.exchange.envelope import Headers, PropertyValue
+    from ftpbc.exchange.headers import Headers, MessageOptions, PropertyValue
     from ftpbc.exchange.message import HandlerResult, Message
-    from ftpbc.exchange.runtime import MessageOptions
     from ftpbc.exchange.selector import Selector, compile_selector
     from ftpbc.exchange.topics import Subscription, UnknownSubscription
     from ftpbc.exchange.transaction import Transaction
@@ -101,9 +100,9 @@ _LAZY: dict[str, str] = {
     "load_config": "ftpbc.config.loader",
     "Message": "ftpbc.exchange.message",
     "HandlerResult": "ftpbc.exchange.message",
-    "Headers": "ftpbc.exchange.envelope",
-    "PropertyValue": "ftpbc.exchange.envelope",
-    "MessageOptions": "ftpbc.exchange.runtime",
+    "Headers": "ftpbc.exchange.headers",
+    "PropertyValue": "ftpbc.exchange.headers",
+    "MessageOptions": "ftpbc.exchange.headers",
     "Delivery": "ftpbc.exchange.consumer",
     "Consumer": "ftpbc.exchange.consumer",
     "AckMode": "ftpbc.exchange.consumer",
