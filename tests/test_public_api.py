@@ -108,6 +108,9 @@ def test_old_message_path_warns_and_gives_the_same_class() -> None:
     with pytest.warns(FtpbcDeprecationWarning, match=r"from ftpbc import HandlerResult"):
         from ftpbc.message import HandlerResult
     assert HandlerResult is ftpbc.HandlerResult
+    with pytest.warns(FtpbcDeprecationWarning, match=r"ftpbc\.message\.result_bytes is deprecated"):
+        from ftpbc.message import result_bytes
+    assert result_bytes("é") == "é".encode()
 
 
 def test_a_moved_name_is_logged_once_per_importing_module(caplog: pytest.LogCaptureFixture) -> None:
