@@ -161,7 +161,7 @@ class Served:
 
 class Retry(Protocol):
     """Runs an idempotent step until it succeeds; None if it gave up (the node is stopping).
-    A poller passes its own (:meth:`ftpbc.node.provider.Poller._retry`); :func:`run_once` runs the
+    A poller passes its own (:meth:`ftpbc.node.poller.Poller._retry`); :func:`run_once` runs the
     step once and lets its error through."""
 
     def __call__(self, step: Callable[[], T]) -> T | None: ...

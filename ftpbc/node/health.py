@@ -36,7 +36,8 @@ from ftpbc.config.models import Config
 from ftpbc.errors import ConfigError
 from ftpbc.journal import journal_problems
 from ftpbc.metrics import HttpServer, NodeMetrics, PrometheusObserver, serve_http
-from ftpbc.node.provider import Poller, Provider
+from ftpbc.node.poller import Poller
+from ftpbc.node.provider import Provider
 
 log = logging.getLogger("ftpbc.health")
 

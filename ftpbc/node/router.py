@@ -1,7 +1,7 @@
 """A route's serving loop: claim the source endpoint's messages, pick a ruleset, deliver
 (docs/routing.md).
 
-The poller (:class:`~ftpbc.node.provider.Poller`: the source endpoint's poll lock, claims no
+The poller (:class:`~ftpbc.node.poller.Poller`: the source endpoint's poll lock, claims no
 more than it has idle workers for) claims messages from the source's inbox; a worker reads one
 (spooled to disk past a few MiB), decides where it goes and hands it to that destination's
 delivery worker (:mod:`ftpbc.node.destinations`), which stages it there (with ``max_retry``
@@ -61,7 +61,7 @@ from ftpbc.exchange.layout import AreaLayout
 from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Lifecycle, Unread
 from ftpbc.exchange.policy import QueuePolicy
 from ftpbc.node.destinations import Destination, Destinations, InboxFull, retry_policy
-from ftpbc.node.provider import Poller
+from ftpbc.node.poller import Poller
 from ftpbc.paths import join
 from ftpbc.routing.rules import Ruleset, first_match, text_of, with_defaults
 from ftpbc.routing.templates import Lookup, Target, TemplateError, parse_destination

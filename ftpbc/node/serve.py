@@ -29,7 +29,8 @@ from ftpbc.exchange.recovery import Action
 from ftpbc.exchange.runtime import Runtime
 from ftpbc.exchange.sweeper import Sweeper
 from ftpbc.node.fanout import FanOut, TopicSweeper, declare_subscriptions, remove_orphan_copies
-from ftpbc.node.provider import Poller, Provider
+from ftpbc.node.poller import Poller
+from ftpbc.node.provider import Provider
 
 log = logging.getLogger("ftpbc.node")
 

@@ -1,41 +1,19 @@
-"""The Python client: send one-way messages, make requests and wait for their responses.
-
-    with ftpbc.Client.from_config("ftpbc.yaml") as client:
-        answer = client.request("quote", b"EURUSD", timeout=10)
-        name = client.send("audit", b"...")          # one-way; returns the remote file name
-        uid = client.submit("quote", b"GBPUSD")     # request now, collect later (any process)
-        answer = client.collect("quote", uid, timeout=30)
-        m = client.receive("audit", timeout=10)      # pull a one-way message; m.ack() or m.nack()
-        client.publish("orders", b"...")            # to every subscription of a topic (docs/topics.md)
-        with client.subscribe("orders", name="audit") as deliveries: ...
-
-One response poller per endpoint serves every outstanding request of this process: one listing
-of ``outbox`` finds all the responses that have arrived, whatever the number of waiting threads.
-While requests are outstanding it polls soon after a poll that found nothing (backing off up to
-``poll_interval``); with none outstanding it sends nothing at all.
-
-``Client(..., metrics=True)`` counts requests sent, responses received (error and expiry
-replies among them), timeouts, round-trip seconds and requests in flight in a Prometheus
-registry of its own (:attr:`Client.metrics_registry`); ``metrics_port=N`` also serves it on
-``http://127.0.0.1:N/metrics`` (see docs/operating.md).
-"""
+"""The :class:`Client`: sends, requests and their responses, pull consumers, topics (the package
+docstring shows its use; its response pollers are :mod:`ftpbc.client.responses`)."""
 
 from __future__ import annotations
 
-import functools
-import io
 import logging
 import threading
 import time
-from collections import OrderedDict
-from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import BinaryIO, Unpack
 
 from prometheus_client import CollectorRegistry
 
-from ftpbc.cluster.liveness import LoopGuard
+from ftpbc.client.responses import Recent, ResponsePoller, correlation
 from ftpbc.config.loader import load_config
 from ftpbc.config.models import CLIENT_ID_RE, Config
 from ftpbc.errors import (
@@ -52,205 +30,20 @@ from ftpbc.exchange.area import Direction, parse_archive_name
 from ftpbc.exchange.browse import Waiting, browse_box
 from ftpbc.exchange.consumer import AckMode, Consumer, Delivery, Receiver, as_selector
 from ftpbc.exchange.deadletter import DeadLetters
-from ftpbc.exchange.envelope import ERROR_TYPE, EXPIRED_TYPE
-from ftpbc.exchange.layout import AreaLayout, Candidate, PartnerLayout
-from ftpbc.exchange.lifecycle import Claimed, Lifecycle, Unread, op_id_for
+from ftpbc.exchange.layout import AreaLayout, PartnerLayout
+from ftpbc.exchange.lifecycle import op_id_for
 from ftpbc.exchange.runtime import MessageOptions, Runtime
 from ftpbc.exchange.selector import Selector
 from ftpbc.exchange.sweeper import UNCOLLECTED
 from ftpbc.exchange.topics import Registry, Subscription, subscriber_name
 from ftpbc.exchange.transaction import Transaction
-from ftpbc.faults import crash_point
 from ftpbc.metrics import NULL_CLIENT_OBSERVER, ClientMetrics, ClientObserver, HttpServer, serve_http
 from ftpbc.transport.base import Entry
 
 log = logging.getLogger("ftpbc.client")
 
-FIRST_BACKOFF = 0.002
-#: how much longer each empty poll waits than the one before, up to poll_interval, while requests
-#: are outstanding.  Gentle: with several callers a response comes every few milliseconds, and
-#: doubling would leave one that comes after a few empty polls waiting much longer than that gap
-#: for its pick-up.  poll_interval is still reached, within a few dozen empty polls.
-BACKOFF_GROWTH = 1.25
 #: client identities per node id and host (concurrent ftpbc request/send processes)
 CLIENT_SLOTS = 64
-#: responses found by one poll are read and archived by up to this many threads at once
-DELIVERY_THREADS = 4
-
-
-class _ResponsePoller:
-    def __init__(self, endpoint: str, lifecycle: Lifecycle, poll_interval: float) -> None:
-        self.endpoint = endpoint
-        self.lifecycle = lifecycle
-        self.poll_interval = poll_interval
-        self._waiters: dict[str, Future[tuple[bytes, bool]]] = {}
-        self._cv = threading.Condition()
-        self._closed = False
-        self._stranded = True  # a process that crashed with this node id may have left claims
-        #: requests whose response this poller handed to a caller: collected, never again
-        self.delivered = _Recent()
-        self._delivery: ThreadPoolExecutor | None = None
-        self._closing = threading.Event()
-        self._guard = LoopGuard(f"response poller {endpoint}", None, self._closing,
-                                first_wait=poll_interval, logger=log)
-        self._thread = threading.Thread(target=self._run, name=f"responses-{endpoint}", daemon=True)
-        self._thread.start()
-
-    def wait_for(self, uuid: str) -> Future[tuple[bytes, bool]]:
-        """The future of ``uuid``'s response; callers waiting for the same UUID share one."""
-        with self._cv:
-            idle = not self._waiters
-            fut = self._waiters.get(uuid)
-            if fut is None:
-                fut = self._waiters[uuid] = Future()
-            if idle:
-                # Wake an idle poller; a polling one takes the new request in at its next poll
-                # (waking it here would cost a listing per request, made before any response
-                # can be there).
-                self._cv.notify_all()
-        return fut
-
-    def forget(self, uuid: str) -> None:
-        with self._cv:
-            self._waiters.pop(uuid, None)
-
-    def is_waiting(self, uuid: str) -> bool:
-        with self._cv:
-            return uuid in self._waiters
-
-    def _run(self) -> None:
-        delay = FIRST_BACKOFF
-        while True:
-            with self._cv:
-                while not self._waiters and not self._closed:
-                    self._cv.wait()
-                    delay = FIRST_BACKOFF
-                if self._closed:
-                    return
-                wanted = set(self._waiters)
-            # Never dies: any error is logged once per kind, and the guard backs off.  No liveness
-            # is reported: with nothing outstanding this loop is idle on purpose.
-            found = self._guard.run(functools.partial(self._poll, wanted))
-            if found is None:
-                self._stranded = True  # a claim may be left in outselect: finish it next poll
-                continue
-            if found:
-                delay = FIRST_BACKOFF
-                continue
-            with self._cv:
-                if not self._closed:
-                    self._cv.wait(delay)
-            delay = min(delay * BACKOFF_GROWTH, self.poll_interval)
-
-    def _poll(self, wanted: set[str]) -> int:
-        lc = self.lifecycle
-        if self._stranded:
-            self._reclaim(wanted)
-            self._stranded = False
-        picks = [c for c in lc.waiting() if _correlation(c) in wanted]
-        claimed, _ = lc.claim(picks, "collect")
-        for c in claimed:
-            log.debug("%s: claimed response %s", self.endpoint, c.name,
-                      extra={"endpoint": self.endpoint, "message_id": _correlation(c.candidate)})
-        self._deliver_all(claimed)
-        return len(claimed)
-
-    def _deliver_all(self, claimed: list[Claimed]) -> None:
-        """Deliver the responses one poll claimed, several at once.
-
-        Each takes a read and an archive rename, two round trips or more, and one after the
-        other they would keep each response, and the next poll, waiting for those claimed with
-        it; so they are delivered on up to DELIVERY_THREADS threads.  The poll returns once
-        every one is delivered; a failure leaves this method as it would leave a serial loop,
-        after the others are done.
-        """
-        if len(claimed) <= 1:
-            for c in claimed:
-                self._deliver(c)
-            return
-        if self._delivery is None:
-            self._delivery = ThreadPoolExecutor(DELIVERY_THREADS,
-                                                thread_name_prefix=f"deliver-{self.endpoint}")
-        others = [self._delivery.submit(self._deliver, c) for c in claimed[1:]]
-        try:
-            self._deliver(claimed[0])
-        finally:
-            for f in others:
-                f.exception()  # wait for every one, whatever happened to the first
-        for f in others:
-            f.result()
-
-    def _reclaim(self, wanted: set[str]) -> None:
-        """Finish the claims a failed poll left in outselect (its claim, read, archive or unclaim
-        failed): no other node returns them, since this node is alive, and no listing of outbox
-        finds them again.  Archived when already delivered, delivered when still awaited, else
-        returned to outbox."""
-        lc = self.lifecycle
-        for op in lc.journal.pending():
-            if op.kind != "claim" or not op.op_id.endswith(".collect"):
-                continue
-            claimed = lc.claim_from_journal(op)
-            if "delivered" in op.events:
-                lc.finish_collect(claimed)
-            elif _correlation(claimed.candidate) in wanted:
-                self._deliver(claimed)
-            else:
-                lc.unclaim(claimed)
-
-    def _deliver(self, claimed: Claimed) -> None:
-        lc = self.lifecycle
-        buf = io.BytesIO()
-        got = lc.read_claim(claimed, buf)
-        if isinstance(got, Unread):
-            if got.kind != "lost":  # lost: returned by a sweeper; seen next poll
-                log.warning("%s: cannot read %s: %s; %s", self.endpoint, claimed.name, got.error,
-                            got.disposition)
-            return
-        crash_point("collect.after-read")
-        uid = _correlation(claimed.candidate)
-        with self._cv:
-            fut = self._waiters.pop(uid, None)
-        if fut is None:
-            # The caller gave up meanwhile: leave the response for a later collect of its UUID.
-            lc.unclaim(claimed)
-            return
-        self.delivered.add(uid)
-        result = (buf.getvalue(), claimed.candidate.envelope.headers.type == ERROR_TYPE)
-        settle = functools.partial(_settle, fut, result, self.endpoint, uid,
-                                   claimed.candidate.envelope.headers.type == EXPIRED_TYPE)
-        try:
-            lc.finish_collect(claimed)
-        except FtpbcError as exc:
-            # The answer is in hand: a failed archive rename (its reply lost, say) must not cost
-            # the caller its response.  Marked delivered only once handed over, so a crash before
-            # that still returns the response to the outbox; the next poll archives it.
-            log.warning("%s: read %s but could not archive it yet: %s", self.endpoint, claimed.name, exc)
-            settle()
-            self._stranded = True
-            lc.mark_delivered(claimed)
-            return
-        log.debug("%s: collected response %s: %d bytes, archived", self.endpoint, claimed.name,
-                  len(result[0]), extra={"endpoint": self.endpoint, "message_id": uid})
-        settle()
-
-    def close(self) -> None:
-        self._closing.set()
-        with self._cv:
-            self._closed = True
-            for fut in self._waiters.values():
-                fut.cancel()
-            self._waiters.clear()
-            self._cv.notify_all()
-        self._thread.join(timeout=5)
-        if not self._thread.is_alive():
-            if self._delivery is not None:
-                self._delivery.shutdown(wait=True)
-            # Tidy what a failed poll left claimed (delivered responses archived, the rest
-            # returned to outbox); what fails here is finished by the next start's recovery.
-            try:
-                self._reclaim(set())
-            except FtpbcError as exc:
-                log.warning("%s: claimed responses left for recovery: %s", self.endpoint, exc)
 
 
 class Client:
@@ -314,12 +107,12 @@ class Client:
         self.recovered = self.runtime.recover(orphans=False)
         """What the replay of this identity's journal did when the client opened, one action
         per unfinished operation (empty after a clean close)."""
-        self._pollers: dict[str, _ResponsePoller] = {}
+        self._pollers: dict[str, ResponsePoller] = {}
         #: pull consumers' side of each endpoint (receive, consume)
         self._receivers: dict[str, Receiver] = {}
         self._lock = threading.Lock()
         #: (endpoint, uuid) of the requests submit() sent, for collect() to know them
-        self._submitted = _Recent()
+        self._submitted = Recent()
         #: the subscription registries used, by topic; the non-durable subscriptions made here
         self._registries: dict[str, Registry] = {}
         self._non_durable: list[tuple[str, str]] = []
@@ -460,7 +253,7 @@ class Client:
                                  "nor a response to it is in the exchange area")
         return self._await(poller, uuid, poller.wait_for(uuid), timeout, request_name)
 
-    def _await(self, poller: _ResponsePoller, uuid: str, fut: Future[tuple[bytes, bool]],
+    def _await(self, poller: ResponsePoller, uuid: str, fut: Future[tuple[bytes, bool]],
                timeout: float | None, request_name: str | None, sent: float | None = None) -> bytes:
         """Wait for ``fut``; ``sent`` (time.monotonic) is when the request went out, if this
         process sent it (the round trip of a collect of another's request is unknown)."""
@@ -538,12 +331,12 @@ class Client:
         except (NotFound, TransportError):
             pass
 
-    def _poller(self, endpoint: str) -> _ResponsePoller:
+    def _poller(self, endpoint: str) -> ResponsePoller:
         with self._lock:
             poller = self._pollers.get(endpoint)
             if poller is None:
                 ep = self.config.endpoint(endpoint)
-                poller = _ResponsePoller(endpoint, self.runtime.lifecycle(endpoint, "out"), ep.poll_interval)
+                poller = ResponsePoller(endpoint, self.runtime.lifecycle(endpoint, "out"), ep.poll_interval)
                 self._pollers[endpoint] = poller
             return poller
 
@@ -683,13 +476,6 @@ class Client:
             self._metrics_http = None
 
 
-def _settle(fut: Future[tuple[bytes, bool]], result: tuple[bytes, bool], endpoint: str, uid: str,
-            expired: bool) -> None:
-    """Complete a caller's wait: with the response, or RequestExpired for an expiry reply."""
-    if expired:
-        fut.set_exception(RequestExpired(endpoint, uid, result[0].decode("utf-8", "replace").strip()))
-    else:
-        fut.set_result(result)
 
 
 def _first_of(*futures: Future[tuple[bytes, bool]]) -> Future[tuple[bytes, bool]]:
@@ -717,33 +503,11 @@ def _since(started: float | None) -> float | None:
     return None if started is None else time.monotonic() - started
 
 
-def _correlation(c: Candidate) -> str:
-    """The request a response answers."""
-    return c.envelope.headers.correlation_id or c.uuid
 
 
 def _bytes(body: bytes | str | BinaryIO) -> bytes | BinaryIO:
     return body.encode("utf-8") if isinstance(body, str) else body
 
-
-class _Recent:
-    """A set of the last ``limit`` things added (thread-safe): a long-lived client forgets the
-    oldest rather than grow without bound."""
-
-    def __init__(self, limit: int = 100_000) -> None:
-        self._items: OrderedDict[object, None] = OrderedDict()
-        self._limit = limit
-        self._lock = threading.Lock()
-
-    def add(self, item: object) -> None:
-        with self._lock:
-            self._items[item] = None
-            if len(self._items) > self._limit:
-                self._items.popitem(last=False)
-
-    def __contains__(self, item: object) -> bool:
-        with self._lock:
-            return item in self._items
 
 
 #: where a request or its response is while a response may still come, in the order a message
@@ -768,7 +532,7 @@ def _archived_response(runtime: Runtime, endpoint: str, uuid: str) -> tuple[str,
             return True
         name, node, _ = parse_archive_name(e.name)
         c = layout.decode_name(name)
-        if c is not None and _correlation(c) == uuid:
+        if c is not None and correlation(c) == uuid:
             found.append((f"{directory}/{e.name}", node))
             return False
         return True
@@ -799,6 +563,6 @@ def _on_its_way(runtime: Runtime, endpoint: str, uuid: str) -> bool:
                     continue
                 # a staged or claimed file is <name>~<node>
                 c = layout.decode_name(e.name if kind == "box" else parse_archive_name(e.name)[0])
-                if c is not None and (c.uuid if direction == "in" else _correlation(c)) == uuid:
+                if c is not None and (c.uuid if direction == "in" else correlation(c)) == uuid:
                     return True
     return False
