@@ -4,9 +4,9 @@ TCP_QUICKACK on the client's TLS data connections.
 Starts each server twice (plain, and TLS-only) with the test rig's context managers, puts
 ``--entries`` small files in one directory, and times ``--listings`` listings of it through
 ftpbc's FTP transport (one pooled session: EPSV, MLSD, the TLS handshake of the data connection
-where there is one, the transfer, ``226``).  "quickack off" replaces ftpbc's ``_quickack`` with a
-no-op, which is how listings ran before it existed.  Prints p50 and p90 per row, and how much
-slower TLS is than plain at p50.
+where there is one, the transfer, ``226``).  "quickack off" replaces ftpbc's ``quickack``
+(``transport/ftp/data.py``) with a no-op, which is how listings ran before it existed.  Prints
+p50 and p90 per row, and how much slower TLS is than plain at p50.
 
     python3 bench/bench_tls_listing.py --listings 300
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import ftpbc.transport.ftp as ftp_module
+import ftpbc.transport.ftp.data as ftp_data
 from ftpbc.config.servers import ServerConfig
 from ftpbc.transport import open_transport
 from tests.servers.process import ServerInstance
@@ -67,13 +67,13 @@ def _time_listings(cfg: ServerConfig, path: str, listings: int) -> list[float]:
 @contextmanager
 def quickack(enabled: bool) -> Iterator[None]:
     """ftpbc as it is (enabled), or with TCP_QUICKACK never set, as before it existed."""
-    original = ftp_module._quickack
+    original = ftp_data.quickack
     if not enabled:
-        ftp_module._quickack = lambda conn: None
+        ftp_data.quickack = lambda conn: None
     try:
         yield
     finally:
-        ftp_module._quickack = original
+        ftp_data.quickack = original
 
 
 def _p(times: list[float], q: int) -> float:

@@ -28,7 +28,7 @@ from ftpbc.exchange.layout import AreaLayout
 from ftpbc.journal.store import _SAFE, _quote
 from ftpbc.paths import check_name, normalize
 from ftpbc.transport.base import Entry
-from ftpbc.transport.ftp import _parse_list_line, _parse_listing, _parse_mlsx
+from ftpbc.transport.ftp.listing import parse_list_line, parse_listing, parse_mlsd_line
 from ftpbc.transport.names import LoggedOnce
 
 T = TypeVar("T")
@@ -100,7 +100,7 @@ def _sane(entry: Entry | None) -> None:
 
 def _line_or_skip(parse: Callable[[str], Entry | None], line: str) -> None:
     """A line parser answers an entry, None (``.``, ``total N``...), or ValueError, which is
-    the skip signal :func:`_parse_listing` turns into one logged line."""
+    the skip signal :func:`parse_listing` turns into one logged line."""
     try:
         entry = parse(line)
     except ValueError:
@@ -114,25 +114,25 @@ def _line_or_skip(parse: Callable[[str], Entry | None], line: str) -> None:
 @FUZZ
 @given(any_line)
 def test_an_mlsd_line_parses_or_is_skipped(line: str) -> None:
-    _line_or_skip(_parse_mlsx, line)
+    _line_or_skip(parse_mlsd_line, line)
 
 
 @FUZZ
 @given(any_line)
 def test_a_list_line_parses_or_is_skipped(line: str) -> None:
-    _line_or_skip(lambda text: _parse_list_line(text, NOW), line)
+    _line_or_skip(lambda text: parse_list_line(text, NOW), line)
 
 
 @FUZZ
 @given(st.lists(any_line, max_size=8), st.sampled_from(["MLSD", "LIST"]))
 def test_a_whole_listing_gives_entries_or_a_protocol_error(lines: list[str], command: str) -> None:
     parse: Callable[[str], Entry | None] = (
-        _parse_mlsx if command == "MLSD" else lambda text: _parse_list_line(text, NOW))
+        parse_mlsd_line if command == "MLSD" else lambda text: parse_list_line(text, NOW))
     logging.disable(logging.WARNING)  # the skipped lines would flood the captured log
     try:
         try:
-            entries = _parse_listing(lines, parse, server="ftp://fuzz", path="/d", command=command,
-                                     reported=LoggedOnce(1000))
+            entries = parse_listing(lines, parse, server="ftp://fuzz", path="/d", command=command,
+                                    reported=LoggedOnce(1000))
         except ProtocolError:
             return  # not one line parsed: a format ftpbc does not understand, refused as such
     finally:

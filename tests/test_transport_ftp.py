@@ -1,5 +1,6 @@
 """FTP/FTPS-only behaviour: implicit TLS, NAT'd PASV replies, certificate checks, the pool,
-reconnection, streaming memory, and the LIST parser vsftpd depends on."""
+reconnection, streaming memory, and listing by STAT on vsftpd (the parsers themselves are
+tested without a server in tests/test_ftp_listing.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from ftpbc.config.servers import ServerConfig
 from ftpbc.embedded import EmbeddedFTPServer
 from ftpbc.errors import ConnectFailed, OutcomeUnknown, TLSFailed
 from ftpbc.transport import open_transport
-from ftpbc.transport.ftp import FTPTransport, _parse_list_line
+from ftpbc.transport.ftp import FTPTransport
 from tests.servers.handle import ServerHandle
 from tests.servers.pyftpd import TLSMaterial, make_tls_material
 
@@ -305,43 +305,6 @@ def test_one_gib_streams_through_in_constant_memory(tmp_path: Path, password: st
         assert (tmp_path / "big").stat().st_size == GIB
         assert peak_rss < 100 * (1 << 20), f"peak RSS {peak_rss / (1 << 20):.0f} MiB"
         (tmp_path / "big").unlink()
-
-
-# --------------------------------------------------------------------------- LIST parsing
-
-NOW = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
-
-
-@pytest.mark.parametrize(("line", "name", "size", "is_dir", "mtime"), [
-    ("-rw-r--r--    1 1001     1001            5 Mar 09 08:15 plain.txt", "plain.txt", 5, False,
-     datetime(2026, 3, 9, 8, 15, tzinfo=UTC)),
-    ("drwxrwxrwx    2 0        0            4096 Dec 31 23:59 dir", "dir", 4096, True,
-     datetime(2025, 12, 31, 23, 59, tzinfo=UTC)),  # no year and "in the future": last year
-    ("-rw-------    1 0        0      1234567 Jan 01  2020 old file", "old file", 1234567, False,
-     datetime(2020, 1, 1, tzinfo=UTC)),
-    ("-rw-r--r--    1 1001     1001            0 Mar 10 11:59  leading space", " leading space", 0,
-     False, datetime(2026, 3, 10, 11, 59, tzinfo=UTC)),
-    ("-rw-r--r--    1 1001     1001            3 Mar 10 11:59 -dash ünï", "-dash ünï", 3, False,
-     datetime(2026, 3, 10, 11, 59, tzinfo=UTC)),
-    ("lrwxrwxrwx    1 0        0               4 Mar 10 11:59 link -> target", "link", 4, False,
-     datetime(2026, 3, 10, 11, 59, tzinfo=UTC)),
-])
-def test_unix_list_lines_parse(line: str, name: str, size: int, is_dir: bool, mtime: datetime) -> None:
-    entry = _parse_list_line(line, NOW)
-    assert entry is not None
-    assert (entry.name, entry.size, entry.is_dir, entry.mtime) == (name, size, is_dir, mtime)
-
-
-@pytest.mark.parametrize("line", ["total 12", "drwxr-xr-x 2 0 0 4096 Mar 10 11:59 .",
-                                  "drwxr-xr-x 2 0 0 4096 Mar 10 11:59 .."])
-def test_list_lines_that_are_not_entries_are_skipped(line: str) -> None:
-    assert _parse_list_line(line, NOW) is None
-
-
-@pytest.mark.parametrize("line", ["03-10-26  11:59AM       <DIR>          windows-dir", "garbage"])
-def test_list_lines_in_unknown_formats_are_refused_not_skipped(line: str) -> None:
-    with pytest.raises(ValueError, match="unix-style"):
-        _parse_list_line(line, NOW)
 
 
 def test_vsftpd_lists_a_small_directory_on_the_control_connection(vsftpd_server: ServerHandle) -> None:
