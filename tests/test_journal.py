@@ -39,6 +39,17 @@ def test_records_are_one_readable_line_each(tmp_path: Path) -> None:
     ]
 
 
+def test_a_name_with_undecodable_bytes_is_journaled_and_read_back(tmp_path: Path) -> None:
+    # A listed name is decoded with surrogateescape: bytes that are not UTF-8 become lone
+    # surrogates.  The claim of such a file must be journaled (and replayed) like any other.
+    name = b"/q/inbox/req.\xe9\xff".decode("utf-8", "surrogateescape")
+    j = Journal(tmp_path, "node-a")
+    j.endpoint("quote").record("u1.serve", "claim", durable=True, src=name, dst="/q/inselect/x")
+    j.close()
+    again = Journal(tmp_path, "node-a").endpoint("quote").pending()
+    assert [o.fields for o in again] == [{"src": name, "dst": "/q/inselect/x"}]
+
+
 def test_nodes_on_one_host_never_share_a_journal(tmp_path: Path) -> None:
     a, b = Journal(tmp_path, "a"), Journal(tmp_path, "b")
     a.endpoint(ENDPOINT).record("u1.send", "send", durable=True, stage="s", target="t")

@@ -111,7 +111,9 @@ def _quote(value: str) -> str:
             escaped = escaped.replace(ch, escape)
     if _PLAIN_ESCAPED.fullmatch(escaped):
         return escaped
-    return quote(value, safe=_SAFE)
+    # surrogatepass: a name listed from the wire may carry lone surrogates (undecodable bytes,
+    # kept by surrogateescape); strict UTF-8 would refuse to journal it at all
+    return quote(value, safe=_SAFE, errors="surrogatepass")
 
 
 def _encode(fields: dict[str, str]) -> str:
@@ -122,7 +124,7 @@ def _decode(parts: Iterable[str]) -> dict[str, str]:
     out = {}
     for part in parts:
         key, _, value = part.partition("=")
-        out[key] = unquote(value)
+        out[key] = unquote(value, errors="surrogatepass")
     return out
 
 
