@@ -60,6 +60,7 @@ from datetime import UTC, datetime
 from typing import BinaryIO, Protocol, TypeVar
 
 from ftpbc.errors import (
+    DuplicateMessage,
     FtpbcError,
     IncompleteRead,
     MessageTooLarge,
@@ -111,6 +112,11 @@ YIELD_EVERY = 50
 #: refused entries (links, fifos... planted in a box) one listing files at most; the rest wait for
 #: the next listing, so that a box flooded with links does not hold the poll lock for long
 MAX_REFUSED_PER_LISTING = 100
+#: message ids a node remembers having settled (served, filed), to recognise a duplicate; the
+#: oldest are forgotten past this many
+REMEMBERED_IDS = 10_000
+#: the reason a duplicate is filed with (the start of its ``.reason`` file)
+DUPLICATE_REASON = "duplicate message id"
 #: what a file name of ours may not hold (paths.check_name's rule, plus control characters)
 _NOT_IN_NAME = re.compile(r"[/\\\x00-\x1f\x7f]")
 
@@ -136,6 +142,9 @@ class Claimed:
     candidate: Candidate
     path: str  # where it is now, e.g. /q/inselect/req.<uuid>~node-a
     op_id: str
+    #: why this is a duplicate (its id is another message's: see :meth:`Lifecycle.claim`), to be
+    #: filed unread and unanswered; None for a message to serve
+    duplicate: str | None = None
 
     @property
     def name(self) -> str:
@@ -175,8 +184,8 @@ def run_once(step: Callable[[], T]) -> T | None:
 class Disposition(str):
     """What became of a message that could not be served: the text for a log line, and its
     ``kind`` for whoever counts outcomes (``returned`` to the box, filed as an ``error``, filed
-    with the ``dead`` letters, or ``gone`` before it could be filed).  A str, so callers that
-    only log it need not know."""
+    with the ``dead`` letters, filed as a ``duplicate``, or ``gone`` before it could be filed).
+    A str, so callers that only log it need not know."""
 
     kind: str
 
@@ -196,7 +205,8 @@ class Unread:
 
     ``kind``: ``returned`` (back in its box: unchanged after a connection fault, with its
     delivery count raised after an unusable read), ``error`` or ``dead`` (filed, its reason
-    beside it, a requester answered), ``lost`` (another node returned this node's claim: it
+    beside it, a requester answered), ``duplicate`` (filed, its reason beside it, nobody
+    answered: :meth:`Lifecycle.file_duplicate`), ``lost`` (another node returned this node's claim: it
     is theirs now), ``gone`` (vanished before it could be filed), ``unfinished`` (left for
     recovery)."""
 
@@ -302,6 +312,11 @@ class Lifecycle:
         self._released: dict[str, None] = {}
         #: deliveries of files whose names cannot carry a count (read in place, responses)
         self._local_deliveries: dict[str, int] = {}
+        #: message id -> (journal operation, name) of this node's claims, while that operation
+        #: is pending: a file of another name with the same id meanwhile is a duplicate
+        self._in_hand: dict[str, tuple[str, str]] = {}
+        #: message id -> name of the messages this node settled lately (REMEMBERED_IDS at most)
+        self._settled: dict[str, str] = {}
 
     @property
     def name(self) -> str:
@@ -512,7 +527,10 @@ class Lifecycle:
         """Record that a claimed message expired (never to be delivered): it goes to the expired
         directory, or the dead letters with ``expired: dead_letter``, with its reason beside
         it, and a request's caller gets a reply of type EXPIRED_TYPE.  Finished like a served
-        message (:meth:`finish_served`), so recovery finishes it too."""
+        message (:meth:`finish_served`), so recovery finishes it too.  A duplicate
+        (:attr:`Claimed.duplicate`) is filed as one instead (:meth:`record_duplicate`)."""
+        if claimed.duplicate is not None:
+            return self.record_duplicate(claimed)
         exp = claimed.candidate.envelope.headers.expiration
         when = self.clock()
         reason = (f"expired at {exp.isoformat(timespec='milliseconds') if exp else '?'}, found by node "
@@ -692,24 +710,44 @@ class Lifecycle:
         (recovery.recover_orphans); a killed process leaves the records in the page cache.
         A layout that reads in place (no select directory) claims nothing: the poll lock is
         what keeps other nodes off those files, and the caller handles them while holding it.
+
+        One message per id at a time: a pick whose id (where ids are unique) is another
+        message's, under another name (``req.<U>;p=9`` beside ``req.<U>``), is a duplicate when
+        that other message is earlier in this batch, claimed by this node and not settled yet,
+        or one of the last REMEMBERED_IDS this node settled.  It is claimed under a journal
+        operation of its own, with :attr:`Claimed.duplicate` saying why, and
+        :meth:`read_claim` files it unread and unanswered (:meth:`file_duplicate`).  The same
+        message come back (its name differs only in its delivery count or expiration: another
+        node returned this node's claim, a dead letter was replayed) is no duplicate; it gets an
+        operation of its own if this node still holds its first claim.  Not
+        guaranteed: a duplicate another node claims, or one arriving after this node forgot
+        the first (a restart, REMEMBERED_IDS later), is served as a message of its own.
         """
         if not picks:
             return [], 0
         layout = self.layout
-        plan = [(c, self._op_id(c, role), layout.box_path(c.name), layout.claim_path(c.name, self.node_id))
-                for c in picks]
-        self.journal.record_many([(op, "claim", {"src": src, "dst": dst}) for _, op, src, dst in plan],
+        plan: list[tuple[Candidate, str, str, str, str | None]] = []
+        batch: dict[str, str] = {}
+        for c in picks:
+            op = self._op_id(c, role)
+            duplicate = self._duplicate(c, batch) if layout.unique_ids else None
+            if duplicate is not None or self.journal.is_pending(op):
+                op = op_id_for(None, role)  # never two messages in one operation
+            plan.append((c, op, layout.box_path(c.name), layout.claim_path(c.name, self.node_id), duplicate))
+        self.journal.record_many([(op, "claim", {"src": src, "dst": dst}) for _, op, src, dst, _ in plan],
                                  durable=False)
         serving = role != "collect"
         crash_point("claim.after-intent" if serving else "collect.after-intent")
+        if layout.unique_ids:
+            self._note_in_hand([(c, op) for c, op, _, _, duplicate in plan if duplicate is None])
         if layout.select is None:
-            return [Claimed(c, src, op) for c, op, src, _ in plan], 0
+            return [Claimed(c, src, op, duplicate) for c, op, src, _, duplicate in plan], 0
         won: list[Claimed] = []
         lost = 0
         failed: TransportError | None = None
         # All renames at once (FTP: one round trip for the batch); each has its own outcome.
-        outcomes = self.transport.rename_each([(src, dst) for _, _, src, dst in plan])
-        for (c, op, _, dst), outcome in zip(plan, outcomes, strict=True):
+        outcomes = self.transport.rename_each([(src, dst) for _, _, src, dst, _ in plan])
+        for (c, op, _, dst, duplicate), outcome in zip(plan, outcomes, strict=True):
             if isinstance(outcome, OutcomeUnknown) and self._claimed_after_all(dst):
                 outcome = None  # it happened, or may have: the worker's read decides
             if outcome is not None:  # not renamed
@@ -720,12 +758,81 @@ class Lifecycle:
                     failed = outcome
                 continue
             crash_point("claim.after-rename" if serving else "collect.after-claim")
-            won.append(Claimed(c, dst, op))
+            won.append(Claimed(c, dst, op, duplicate))
         if failed is not None:
             if not won:
                 raise failed  # the poll failed: its caller logs it and backs off
             log.warning("%s: claimed %d, one or more others failed: %s", self.name, len(won), failed)
         return won, lost
+
+    def _duplicate(self, c: Candidate, batch: dict[str, str]) -> str | None:
+        """Why ``c`` is a duplicate (see :meth:`claim`), or None; ``batch`` holds the ids of
+        the messages claimed before it in the same batch (``c``'s is added unless it is one)."""
+        uid = c.uuid
+        other = batch.get(uid)
+        why = None
+        if other is not None:
+            why = f"{other} has the same id and is claimed with it"
+        else:
+            held = self._in_hand.get(uid)
+            if held is not None and self.journal.is_pending(held[0]):
+                if not self._same_message(held[1], c):
+                    why = f"{held[1]} has the same id and is being served"
+            else:
+                settled = self._settled.get(uid)
+                if settled is not None and not self._same_message(settled, c):
+                    why = f"{settled} had the same id and was settled"
+        if why is None:
+            batch[uid] = c.name
+            return None
+        return f"{DUPLICATE_REASON} {uid}: {why} by node {self.node_id}; filed unread, no reply sent"
+
+    def _same_message(self, name: str, c: Candidate) -> bool:
+        """Whether file ``name`` and ``c`` are one message: their names differ at most in what
+        ftpbc itself changes, the delivery count (one came back to the box while this node held
+        the other) and the expiration (``ftpbc dlq replay`` drops it)."""
+        if name == c.name:
+            return True
+        other = self.layout.decode_name(name)
+        return other is not None and self._identity(other) == self._identity(c)
+
+    def _identity(self, c: Candidate) -> str:
+        """``c``'s name less its delivery count and expiration (see :meth:`_same_message`)."""
+        layout = self.layout
+        if not isinstance(layout, AreaLayout):
+            return c.name
+        env = c.envelope
+        try:
+            return layout.name_for(env.replace(delivery_count=0, expiration=None).headers,
+                                   dict(env.properties), env.base if layout.codec.name == "ftpbc" else "")
+        except (FtpbcError, ValueError):
+            return c.name
+
+    def _note_in_hand(self, claims: Sequence[tuple[Candidate, str]]) -> None:
+        """Remember which operation holds each id (for :meth:`_duplicate`); bounded: past
+        REMEMBERED_IDS, the entries whose operation ended are dropped."""
+        with self._lock:
+            if len(self._in_hand) + len(claims) > REMEMBERED_IDS:
+                for uid in [u for u, (op, _) in self._in_hand.items() if not self.journal.is_pending(op)]:
+                    del self._in_hand[uid]
+                if len(self._in_hand) + len(claims) > REMEMBERED_IDS:
+                    self._in_hand.clear()
+            for c, op in claims:
+                self._in_hand[c.uuid] = (op, c.name)
+
+    def _note_settled(self, op_id: str, name: str) -> None:
+        """Remember that the message ``name`` was settled by operation ``op_id``, when that
+        operation is named after its message's id (a duplicate's own operation is not)."""
+        if not self.layout.unique_ids:
+            return
+        uid = _message_id(op_id)
+        if uid not in name:
+            return
+        with self._lock:
+            if len(self._settled) >= REMEMBERED_IDS:
+                for old in list(self._settled)[:REMEMBERED_IDS // 2]:
+                    del self._settled[old]
+            self._settled[uid] = name
 
     def _claimed_after_all(self, dst: str) -> bool:
         """After a claim rename whose reply was lost: whether ``dst`` (the claim) may exist.
@@ -812,7 +919,11 @@ class Lifecycle:
         ``retry`` runs each settling step (a filing, a return) until it succeeds; with the
         default, a step's TransportError reaches the caller, and the journal still holds the
         claim for recovery.  ``sink`` is rewound before each new attempt.
+
+        A duplicate (:attr:`Claimed.duplicate`) is not read: it is filed (:meth:`file_duplicate`).
         """
+        if claimed.duplicate is not None:
+            return Unread(DuplicateMessage(claimed.duplicate), self.file_duplicate(claimed, retry=retry))
         give_up = time.monotonic() + READ_RETRY_FOR
         pause = READ_RETRY_FIRST
         while True:
@@ -930,6 +1041,27 @@ class Lifecycle:
             return Disposition("gone before it could be filed as an error", "gone")
         return Disposition(f"filed in {directory} ({reason})", "dead" if dead else "error")
 
+    def file_duplicate(self, claimed: Claimed, *, retry: Retry = run_once) -> Disposition:
+        """File a duplicate (:attr:`Claimed.duplicate`) in the error directory, unread, with its
+        reason beside it, and answer nobody: the caller waiting on that id waits for the other
+        message's reply, and an error reply would be a second one.  Recorded and finished as
+        :meth:`file_error` is."""
+        fields = self.record_duplicate(claimed)
+        attempts = iter(range(1 << 30))
+        done = retry(lambda: self.finish_served(claimed.op_id, fields, fresh=next(attempts) == 0))
+        if done is None:
+            return UNFINISHED
+        if not done:
+            return Disposition("gone before it could be filed as a duplicate", "gone")
+        return Disposition(f"filed in {self.layout.error} ({claimed.duplicate})", "duplicate")
+
+    def record_duplicate(self, claimed: Claimed) -> dict[str, str]:
+        """Durably record the filing of a duplicate (no reply); the fields
+        :meth:`finish_served` needs."""
+        assert claimed.duplicate is not None
+        target = self.layout.filed_path(self.layout.error, claimed.name, self.node_id, self.clock())
+        return self.record_served(claimed, None, error=None, commit=Commit(target), reason=claimed.duplicate)
+
     # ------------------------------------------------------------------ dead letters
 
     def replay(self, src: str, name: str, *, op_id: str) -> str:
@@ -970,7 +1102,8 @@ class Lifecycle:
 
     def record_served(self, claimed: Claimed, result: bytes | None, *, error: str | None,
                       commit: Commit | None = None, reply_type: str | None = None,
-                      unopened: bool = False, adopted: str | None = None) -> dict[str, str]:
+                      unopened: bool = False, adopted: str | None = None,
+                      reason: str | None = None) -> dict[str, str]:
         """Durably record the handler's outcome and every name still to use; return the fields
         :meth:`finish_served` needs.  :meth:`write_served` then :meth:`served_durable`.
 
@@ -978,17 +1111,20 @@ class Lifecycle:
         requester gets an error reply).  ``result`` None means nothing to send.  Once this
         returns the handler must never run again for this message: recovery sends the result.
         ``commit`` overrides where the message goes, ``reply_type`` the type of the error reply.
+        ``reason`` (with no ``result`` nor ``error``): filed with that reason beside it and no
+        reply at all (a duplicate).
         A result for a request whose reply_to cannot be reached (:meth:`Layout.reply_refusal`)
         is recorded as a failure with that reason: filed as an error, the error reply in the
         request's own outbox.
         """
         return self.served_durable(self.write_served(claimed, result, error=error, commit=commit,
                                                      reply_type=reply_type, unopened=unopened,
-                                                     adopted=adopted))
+                                                     adopted=adopted, reason=reason))
 
     def write_served(self, claimed: Claimed, result: bytes | None, *, error: str | None,
                      commit: Commit | None = None, reply_type: str | None = None,
-                     unopened: bool = False, adopted: str | None = None) -> Served:
+                     unopened: bool = False, adopted: str | None = None,
+                     reason: str | None = None) -> Served:
         """The first half of :meth:`record_served`: the ``served`` record written (a large
         result's side file fsynced), the record itself not yet known to be on disk.
 
@@ -1024,8 +1160,8 @@ class Lifecycle:
             fields.update(self.journal.save_result(claimed.op_id, body))
         if adopted is not None:
             fields["adopted"] = adopted  # another node's staged reply, removed once this is done
-        if error is not None:
-            fields["reason"] = error
+        if error is not None or reason is not None:
+            fields["reason"] = error if error is not None else reason or ""
         seq = self.journal.record_many([(claimed.op_id, "served", fields)], durable=False)
         return Served(claimed, fields, seq)
 
@@ -1099,6 +1235,8 @@ class Lifecycle:
                 t.delete(f["adopted"])
             except NotFound:
                 pass
+        if "request" in f:
+            self._note_settled(op_id, f["request"])
         self.journal.end(op_id)
         return True
 
@@ -1190,7 +1328,7 @@ class Lifecycle:
         cost the listing of the stage directory."""
         c = claimed.candidate
         if (c.envelope.headers.delivery_count <= 0 or c.envelope.headers.kind != "request"
-                or not isinstance(self.layout, AreaLayout)):
+                or not isinstance(self.layout, AreaLayout) or claimed.duplicate is not None):
             return None  # (a transfer's reply name may draw a sequence number: never asked here)
         when = self.clock()
         variants: dict[str, tuple[bool, str | None]] = {}
@@ -1257,6 +1395,7 @@ class Lifecycle:
         except NotFound:
             pass
         crash_point("collect.after-archive")
+        self._note_settled(claimed.op_id, claimed.name)
         self.journal.end(claimed.op_id)
 
 
@@ -1306,8 +1445,8 @@ def _plain(name: str) -> Envelope:
     return Envelope(Headers(id=name), {}, name)
 
 
-__all__ = ["UNKNOWN_SIZE", "Claimed", "Commit", "Disposition", "Lifecycle", "Outbound", "Served", "op_id_for",
-           "rename_resolving"]
+__all__ = ["DUPLICATE_REASON", "UNKNOWN_SIZE", "Claimed", "Commit", "Disposition", "Lifecycle", "Outbound",
+           "Served", "op_id_for", "rename_resolving"]
 
 
 def _why(exc: Exception) -> str:

@@ -318,6 +318,8 @@ class Poller:
         # their own, from the lifecycle's observer).
         if unread.kind == "lost":
             self.stats.add(lost_claims=1)
+        elif unread.kind == "duplicate":
+            log.warning("%s: %s: %s", self.name, claimed.name, unread.disposition)
         else:
             log.warning("%s: cannot read %s: %s; %s", self.name, claimed.name, unread.error,
                         unread.disposition)
@@ -411,7 +413,7 @@ class Poller:
 
 #: a Disposition's kind (ftpbc.exchange.lifecycle) as the outcome of a message's log line
 _FILED = {"returned": "returned", "error": "failed", "dead": "dead-lettered", "gone": "lost", "lost": "lost",
-          "unfinished": "unfinished"}
+          "unfinished": "unfinished", "duplicate": "duplicate"}
 
 
 def log_extra(endpoint: str, claimed: Claimed | Candidate) -> dict[str, object]:
