@@ -1,8 +1,10 @@
 """FTP listings, parsed: MLSD, MLST and LIST lines into :class:`~ftpbc.transport.base.Entry`.
 
-Pure: no sockets, no files; whoever reads a listing off a data or control connection hands its
-lines here.  Public, so that anything which has an FTP listing in hand (a test, a tool) parses it
-exactly as the transport does.
+Pure: no sockets, no files (the ``listing-pure`` import contract holds it to that); whoever
+reads a listing off a data or control connection hands its lines here.  Its names are public
+within ftpbc, so that anything with an FTP listing in hand (a test, a tool) parses it exactly as
+the transport does; like all of ``ftpbc.transport`` it is not part of ftpbc's API
+(``docs/api.md``).
 
 What is understood
     ``MLSD`` and ``MLST`` lines (RFC 3659 facts: ``type``, ``size``, ``modify``; the rest is
