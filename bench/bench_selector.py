@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Selector evaluations per second (ftpbc.exchange.selector), one thread.
+"""Selector evaluations per second (ftpbc.model.selector), one thread.
 
 Each selector is compiled once, then evaluated over a ring of 1,000 messages whose headers and
 properties vary (so about half match); the figure is evaluations per second over ``--seconds``.
@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ftpbc.exchange.envelope import Envelope, Headers
-from ftpbc.exchange.selector import compile_selector
+from ftpbc.model.envelope import Envelope, Headers
+from ftpbc.model.selector import compile_selector
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

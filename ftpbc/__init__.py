@@ -86,11 +86,11 @@ if TYPE_CHECKING:
     from ftpbc.exchange.browse import Waiting
     from ftpbc.exchange.consumer import AckMode, Consumer, Delivery
     from ftpbc.exchange.deadletter import DeadLetter, DeadLetters
-    from ftpbc.exchange.headers import Headers, MessageOptions, PropertyValue
-    from ftpbc.exchange.message import HandlerResult, Message
-    from ftpbc.exchange.selector import Selector, compile_selector
     from ftpbc.exchange.topics import Subscription, UnknownSubscription
     from ftpbc.exchange.transaction import Transaction
+    from ftpbc.model.headers import Headers, MessageOptions, PropertyValue
+    from ftpbc.model.message import HandlerResult, Message
+    from ftpbc.model.selector import Selector, compile_selector
     from ftpbc.node.serve import Handler, Node
 
 #: public name -> the module that defines it (internal: a move changes this table only)
@@ -98,11 +98,11 @@ _LAZY: dict[str, str] = {
     "Client": "ftpbc.client",
     "Config": "ftpbc.config.models",
     "load_config": "ftpbc.config.loader",
-    "Message": "ftpbc.exchange.message",
-    "HandlerResult": "ftpbc.exchange.message",
-    "Headers": "ftpbc.exchange.headers",
-    "PropertyValue": "ftpbc.exchange.headers",
-    "MessageOptions": "ftpbc.exchange.headers",
+    "Message": "ftpbc.model.message",
+    "HandlerResult": "ftpbc.model.message",
+    "Headers": "ftpbc.model.headers",
+    "PropertyValue": "ftpbc.model.headers",
+    "MessageOptions": "ftpbc.model.headers",
     "Delivery": "ftpbc.exchange.consumer",
     "Consumer": "ftpbc.exchange.consumer",
     "AckMode": "ftpbc.exchange.consumer",
@@ -112,8 +112,8 @@ _LAZY: dict[str, str] = {
     "Subscription": "ftpbc.exchange.topics",
     "UnknownSubscription": "ftpbc.exchange.topics",
     "Transaction": "ftpbc.exchange.transaction",
-    "Selector": "ftpbc.exchange.selector",
-    "compile_selector": "ftpbc.exchange.selector",
+    "Selector": "ftpbc.model.selector",
+    "compile_selector": "ftpbc.model.selector",
     "Node": "ftpbc.node.serve",
     "Handler": "ftpbc.node.serve",
 }

@@ -32,7 +32,7 @@ from pathlib import Path
 from ftpbc.config.models import Config, EndpointConfig, NodeConfig
 from ftpbc.config.servers import ServerConfig
 from ftpbc.errors import FtpbcError
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 
 ENDPOINT = "demo"
 NODE_IDS = ("node-a", "node-b")

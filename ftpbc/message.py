@@ -15,11 +15,11 @@ from ftpbc.deprecation import moved
 if TYPE_CHECKING:  # type checkers see the real names; at run time __getattr__ warns and resolves
     from ftpbc import HandlerResult as HandlerResult
     from ftpbc import Message as Message
-    from ftpbc.exchange.message import result_bytes as result_bytes
+    from ftpbc.model.message import result_bytes as result_bytes
 
 __getattr__ = moved(__name__, {
     "Message": "ftpbc:Message",
     "HandlerResult": "ftpbc:HandlerResult",
     # internal since 0.2: how a node turns a handler's return value into the reply body
-    "result_bytes": "ftpbc.exchange.message:result_bytes",
+    "result_bytes": "ftpbc.model.message:result_bytes",
 }, remove_in="1.0")

@@ -44,8 +44,8 @@ import yaml
 from ftpbc.errors import FtpbcError, RequestTimeout, TransportError
 from ftpbc.exchange.area import KINDS
 from ftpbc.exchange.lifecycle import Lifecycle
-from ftpbc.exchange.message import Message
 from ftpbc.journal import Journal
+from ftpbc.model.message import Message
 
 REPO = Path(__file__).resolve().parent.parent
 HANDLER = "tests.chaos:handler"

@@ -16,7 +16,7 @@ import os
 import threading
 
 from ftpbc.client import Client
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 
 CONFIG_ENV = "FTPBC_MULTIHOP_CONFIG"
 #: how long front waits for back: longer than a back node's kill and restart, so a chaos run's

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 from tests.servers.handle import ServerHandle
 
 T = TypeVar("T")

@@ -16,7 +16,7 @@ import pytest
 
 from ftpbc.client import Client
 from ftpbc.embedded import EmbeddedFTPServer
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 from ftpbc.node.serve import Node
 from tests.support import embedded_config, wait_until
 

@@ -1,6 +1,6 @@
 """Spark's SQL parser of archived names (``ftpbc.analytics.sqlnames``) against the Python reference.
 
-Names of every form the engine writes, made with its own encoders (``ftpbc.exchange.envelope``
+Names of every form the engine writes, made with its own encoders (``ftpbc.model.envelope``
 codecs and ``archive_name``): ftpbc and dropboxmq naming, priorities, every header field,
 properties of every type, percent-escapes, request names dated in a zone with DST, 12-hour and
 day-of-year patterns, counters; and odd or hostile names (broken stamps, control characters,
@@ -25,7 +25,7 @@ from ftpbc.analytics.records import RAW_FIELDS, ddl, parse_record
 from ftpbc.analytics.sources import ArchiveSource
 from ftpbc.config.servers import ServerConfig
 from ftpbc.exchange.area import REASON_SUFFIX, archive_name, stamp
-from ftpbc.exchange.envelope import DropboxmqCodec, FtpbcCodec, Headers
+from ftpbc.model.envelope import DropboxmqCodec, FtpbcCodec, Headers
 from ftpbc.patterns import Pattern
 from ftpbc.patterns.expand import ExpandContext, expand
 from ftpbc.patterns.grammar import parse

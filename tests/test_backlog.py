@@ -24,7 +24,7 @@ import pytest
 
 from ftpbc.client import Client
 from ftpbc.exchange.layout import delivery_order
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 from ftpbc.node.provider import Provider
 from ftpbc.node.serve import Node
 from ftpbc.transport.base import Entry, GlobRefused

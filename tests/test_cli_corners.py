@@ -32,7 +32,7 @@ from ftpbc.cli import LAZY_COMMANDS, cli, summary
 from ftpbc.client import Client
 from ftpbc.config.loader import load_config
 from ftpbc.errors import RequestTimeout, UnknownRequest
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 from ftpbc.node.serve import Node
 from tests.support import FTPBC, ftpbc_env, popen_ftpbc, run_ftpbc, wait_until
 from tests.test_bad_input import GOOD, main_in_process, one_line, write

@@ -21,7 +21,7 @@ from ftpbc.client import Client
 from ftpbc.config.loader import load_config
 from ftpbc.errors import UnknownRequest
 from ftpbc.exchange.backlog import BoxLister
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config, write_config
 from tests.servers.handle import ServerHandle

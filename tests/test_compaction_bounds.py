@@ -22,7 +22,7 @@ from ftpbc.analytics.compact import Compactor, check_listed_name, compact
 from ftpbc.analytics.sources import ArchiveSource
 from ftpbc.config.servers import ServerConfig
 from ftpbc.errors import UnsafeNameError
-from ftpbc.exchange.envelope import UnusableName
+from ftpbc.model.envelope import UnusableName
 from ftpbc.transport import Entry, Transport, open_transport
 from tests import test_aggregate
 

@@ -25,8 +25,8 @@ from ftpbc.client import Client
 from ftpbc.config.models import Config
 from ftpbc.errors import SelectorError
 from ftpbc.exchange.consumer import AckMode, Delivery
-from ftpbc.exchange.envelope import FtpbcCodec
 from ftpbc.journal import Journal
+from ftpbc.model.envelope import FtpbcCodec
 from tests.cluster import Started, in_process_config, write_config
 from tests.servers.handle import ServerHandle
 from tests.support import area_files, drop_message, ftpbc_env, run_ftpbc, wait_until

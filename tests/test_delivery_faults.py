@@ -22,7 +22,7 @@ from pyftpdlib.handlers import FTPHandler
 from ftpbc.client import Client
 from ftpbc.embedded import EmbeddedFTPServer
 from ftpbc.errors import RemoteHandlerError
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 from ftpbc.node.serve import Node
 from tests.support import embedded_config, wait_until
 

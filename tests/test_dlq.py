@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from ftpbc.client import Client
-from ftpbc.exchange.envelope import FtpbcCodec
 from ftpbc.journal import Journal
+from ftpbc.model.envelope import FtpbcCodec
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config, write_config
 from tests.servers.handle import ServerHandle
@@ -93,7 +93,7 @@ def test_dead_letters_list_select_replay_and_purge(server: ServerHandle, tmp_pat
     listed = letters.listing()
     assert [d.id for d in listed] == [u1, u2, u3]  # oldest filed first
     assert [d.reason for d in listed] == ["delivery 5 of 5 failed", "expired at 2020-01-01", None]
-    from ftpbc.exchange.selector import compile_selector
+    from ftpbc.model.selector import compile_selector
 
     assert [d.id for d in letters.listing(compile_selector("region = 'eu' OR JMSPriority > 6"))] == [u1, u2]
     assert [d.id for d in letters.listing(compile_selector("region IS NULL"))] == [u3]

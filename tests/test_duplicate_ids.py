@@ -21,8 +21,8 @@ import pytest
 
 from ftpbc.client import Client
 from ftpbc.exchange.lifecycle import DUPLICATE_REASON
-from ftpbc.exchange.message import Message
 from ftpbc.journal import Journal
+from ftpbc.model.message import Message
 from ftpbc.node.serve import Node
 from tests.chaos import ENDPOINT, Cluster, NodeProcess, load_client_config, make_cluster, read_invocations
 from tests.cluster import in_process_config

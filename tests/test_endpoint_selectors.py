@@ -14,7 +14,7 @@ import pytest
 from ftpbc.client import Client
 from ftpbc.config.loader import load_config
 from ftpbc.errors import ConfigError
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 from ftpbc.node.provider import Provider
 from ftpbc.node.serve import Node
 from tests.cluster import Started, in_process_config

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ftpbc.errors import FtpbcError
-from ftpbc.exchange.envelope import (
+from ftpbc.model.envelope import (
     DEFAULT_PRIORITY,
     ERROR_TYPE,
     NAME_LIMIT,

@@ -17,7 +17,7 @@ import pytest
 
 from ftpbc.config.loader import load_config
 from ftpbc.exchange.area import parse_archive_name
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 from ftpbc.node.serve import load_handler
 from tests.servers.handle import ServerHandle
 from tests.support import ftpbc_env, popen_ftpbc, run_ftpbc, wait_until

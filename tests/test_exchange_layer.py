@@ -19,7 +19,7 @@ import pytest
 
 from ftpbc.client import Client
 from ftpbc.config.models import Config
-from ftpbc.exchange.envelope import DropboxmqCodec
+from ftpbc.model.envelope import DropboxmqCodec
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config
 from tests.servers.handle import ServerHandle
@@ -318,7 +318,7 @@ def test_unreadable_response_goes_to_outerror_after_max_deliveries(
 
 def test_a_name_over_the_limit_is_refused_at_send_naming_the_limit(
         pyftpdlib_server: ServerHandle, tmp_path: Path, node_and_client: list[Any]) -> None:
-    from ftpbc.exchange.envelope import NameTooLong
+    from ftpbc.model.envelope import NameTooLong
 
     base = pyftpdlib_server.fresh_dir()
     endpoints = {"ep": {"repository": f"{base}/ep", **FAST}}

@@ -12,8 +12,8 @@ import pytest
 
 from ftpbc.client import Client
 from ftpbc.errors import RequestExpired
-from ftpbc.exchange.envelope import EXPIRED_TYPE, FtpbcCodec
 from ftpbc.journal import Journal
+from ftpbc.model.envelope import EXPIRED_TYPE, FtpbcCodec
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config, write_config
 from tests.servers.handle import ServerHandle

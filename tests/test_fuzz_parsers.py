@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from ftpbc.config.models import Config
 from ftpbc.errors import FtpbcError, ProtocolError, UnsafeNameError
-from ftpbc.exchange.envelope import DropboxmqCodec, Envelope, FtpbcCodec
 from ftpbc.exchange.layout import AreaLayout
 from ftpbc.journal.store import _SAFE, _quote
+from ftpbc.model.envelope import DropboxmqCodec, Envelope, FtpbcCodec
 from ftpbc.paths import check_name, normalize
 from ftpbc.transport.base import Entry
 from ftpbc.transport.ftp.listing import parse_list_line, parse_listing, parse_mlsd_line

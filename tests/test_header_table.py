@@ -17,9 +17,9 @@ from click.testing import CliRunner
 
 from ftpbc.cli.options import message_options, options_dict
 from ftpbc.exchange.deadletter import envelope_json
-from ftpbc.exchange.envelope import DropboxmqCodec, Envelope, FtpbcCodec, UnusableName
-from ftpbc.exchange.headers import COUNT, TEXT, TIME, Headers, MessageOptions, header, header_table
-from ftpbc.exchange.selector import compile_selector
+from ftpbc.model.envelope import DropboxmqCodec, Envelope, FtpbcCodec, UnusableName
+from ftpbc.model.headers import COUNT, TEXT, TIME, Headers, MessageOptions, header, header_table
+from ftpbc.model.selector import compile_selector
 
 UID = "4d4f6177-f085-456b-94d1-1ed22baae814"
 

@@ -48,9 +48,9 @@ from ftpbc.errors import (
 from ftpbc.exchange import area as area_module
 from ftpbc.exchange.layout import AreaLayout
 from ftpbc.exchange.lifecycle import Lifecycle
-from ftpbc.exchange.message import Message
 from ftpbc.journal import Journal
 from ftpbc.journal import store as store_module
+from ftpbc.model.message import Message
 from ftpbc.node.serve import Node
 from ftpbc.transport import open_transport
 from ftpbc.transport.local import LocalTransport

@@ -22,9 +22,9 @@ import pytest
 
 from ftpbc.client import Client
 from ftpbc.errors import JournalError
-from ftpbc.exchange.message import Message
 from ftpbc.journal import Journal, journal_problems
 from ftpbc.journal import store as store_module
+from ftpbc.model.message import Message
 from ftpbc.node.health import serve_metrics
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config

@@ -20,7 +20,7 @@ from ftpbc.cluster.heartbeat import is_dead
 from ftpbc.cluster.lease import Lease, safety_margin
 from ftpbc.cluster.liveness import Liveness, LoopGuard
 from ftpbc.config.models import Config
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 from ftpbc.node.check import lease_warning
 from ftpbc.node.provider import Provider
 from ftpbc.node.serve import Node

@@ -27,8 +27,8 @@ from ftpbc.client import Client
 from ftpbc.config.models import Config
 from ftpbc.errors import RemoteHandlerError, RequestTimeout
 from ftpbc.exchange.lifecycle import Lifecycle
-from ftpbc.exchange.message import Message
 from ftpbc.journal import Journal
+from ftpbc.model.message import Message
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config
 from tests.servers.handle import ServerHandle

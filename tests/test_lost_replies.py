@@ -14,8 +14,8 @@ from pyftpdlib.handlers import FTPHandler
 
 from ftpbc.client import Client
 from ftpbc.embedded import EmbeddedFTPServer
-from ftpbc.exchange.message import Message
 from ftpbc.journal import Journal
+from ftpbc.model.message import Message
 from ftpbc.node.serve import Node
 from tests.support import embedded_config
 

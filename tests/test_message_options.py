@@ -12,7 +12,7 @@ import pytest
 
 from ftpbc.cli.options import typed_value
 from ftpbc.client import Client
-from ftpbc.exchange.envelope import FtpbcCodec
+from ftpbc.model.envelope import FtpbcCodec
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config, write_config
 from tests.servers.handle import ServerHandle

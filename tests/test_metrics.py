@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ftpbc.client import Client
 from ftpbc.errors import RemoteHandlerError
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 from ftpbc.node.health import MetricsServer, serve_metrics
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config
@@ -441,9 +441,9 @@ def test_latency_is_measured_from_the_send_stamp(node_with_metrics: tuple[Node, 
     import uuid
     from datetime import UTC, datetime, timedelta
 
-    from ftpbc.exchange.envelope import Headers
     from ftpbc.exchange.layout import AreaLayout
     from ftpbc.exchange.lifecycle import op_id_for
+    from ftpbc.model.envelope import Headers
 
     _, server = node_with_metrics
     with Client(_config(pyftpdlib_server, tmp_path, "cli")) as client:

@@ -23,7 +23,7 @@ from ftpbc.client import Client
 from ftpbc.cluster.heartbeat import is_dead
 from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.errors import ConfigError
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 from ftpbc.node.serve import Node
 from tests.chaos import (
     SLEEP_CAP_ENV,

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from ftpbc.config.models import TransferConfig
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 from tests.servers.handle import ServerHandle
 from tests.support import wait_until
 from tests.test_transfers import (

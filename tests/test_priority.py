@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ftpbc.client import Client
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 from ftpbc.node.provider import RELIST_COST_FACTOR, Provider
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config

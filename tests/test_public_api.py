@@ -73,7 +73,7 @@ def test_every_error_is_exported_from_both_modules() -> None:
 
 def test_public_classes_are_the_ones_ftpbc_uses() -> None:
     # A re-export, not a copy: isinstance and except clauses agree whichever path a user took.
-    from ftpbc.exchange.message import Message
+    from ftpbc.model.message import Message
     from ftpbc.node.serve import Node
 
     assert ftpbc.Message is Message and ftpbc.Node is Node and ftpbc.Client is Client

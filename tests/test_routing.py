@@ -20,8 +20,8 @@ import yaml
 
 from ftpbc.client import Client
 from ftpbc.config.models import Config
-from ftpbc.exchange.envelope import codec_for
 from ftpbc.journal import Journal
+from ftpbc.model.envelope import codec_for
 from ftpbc.node.router import REASON_PROPERTY, Router, status_dir
 from ftpbc.node.serve import Node
 from ftpbc.node.status import cluster_status, render

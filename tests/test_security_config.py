@@ -32,7 +32,7 @@ from ftpbc.config.loader import load_config
 from ftpbc.config.servers import ServerConfig
 from ftpbc.embedded import EmbeddedFTPServer
 from ftpbc.errors import ConfigError
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 from ftpbc.node.serve import Node
 from ftpbc.sequences import SequenceStore
 from ftpbc.transport import open_transport

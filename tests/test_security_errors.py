@@ -13,7 +13,7 @@ import pytest
 from ftpbc.client import Client
 from ftpbc.config.models import Config
 from ftpbc.errors import RemoteHandlerError
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config, node_section
 from tests.servers.handle import ServerHandle

@@ -18,8 +18,8 @@ from ftpbc.errors import IncompleteRead, MessageTooLarge
 from ftpbc.exchange.bounds import READ_MARGIN
 from ftpbc.exchange.layout import AreaLayout
 from ftpbc.exchange.lifecycle import Claimed, Lifecycle
-from ftpbc.exchange.message import Message
 from ftpbc.journal import Journal
+from ftpbc.model.message import Message
 from ftpbc.node.serve import Node
 from ftpbc.transport import open_transport
 from tests.cluster import in_process_config

@@ -1,4 +1,4 @@
-"""JMS message selectors (ftpbc.exchange.selector): the specification's examples, three-valued
+"""JMS message selectors (ftpbc.model.selector): the specification's examples, three-valued
 logic, errors naming the column, and a hypothesis property: generated selectors, rendered as
 text and compiled, agree with a small reference evaluator walking the same tree."""
 
@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ftpbc.errors import ConfigError, SelectorError
-from ftpbc.exchange.envelope import Headers
-from ftpbc.exchange.selector import compile_selector
+from ftpbc.model.envelope import Headers
+from ftpbc.model.selector import compile_selector
 
 CAR = Headers(id="m1", type="car", priority=7, correlation_id="c-9",
               timestamp=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), delivery_count=2)

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from ftpbc.config.models import EndpointConfig
 from ftpbc.errors import SelectorError
-from ftpbc.exchange.envelope import Headers
-from ftpbc.exchange.selector import (
+from ftpbc.model.envelope import Headers
+from ftpbc.model.selector import (
     MAX_DEPTH,
     MAX_IN_LIST,
     MAX_SELECTOR_LENGTH,

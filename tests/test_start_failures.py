@@ -32,7 +32,7 @@ import yaml
 from ftpbc.cluster.heartbeat import Heartbeat, Serves, beat_info, not_serving_reason, process_alive
 from ftpbc.config.loader import load_config
 from ftpbc.errors import ConfigError
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 from ftpbc.node.health import not_ready
 from ftpbc.node.serve import Node
 from tests.servers.handle import ServerHandle

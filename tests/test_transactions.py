@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from ftpbc.client import Client
-from ftpbc.exchange.envelope import FtpbcCodec
 from ftpbc.journal import Journal
+from ftpbc.model.envelope import FtpbcCodec
 from tests.chaos import REPO
 from tests.cluster import in_process_config, write_config
 from tests.servers.handle import ServerHandle

@@ -18,7 +18,7 @@ import yaml
 
 from ftpbc.client import Client
 from ftpbc.config.models import Config
-from ftpbc.exchange.message import Message
+from ftpbc.model.message import Message
 from ftpbc.node.serve import Handler, Node
 from tests.servers.handle import ServerHandle
 from tests.support import wait_until

@@ -57,7 +57,7 @@ from ftpbc.config.servers import ServerConfig
 from ftpbc.errors import IncompleteRead, JournalError, NotFound, UnsafeNameError
 from ftpbc.exchange.area import REASON_SUFFIX, parse_archive_name
 from ftpbc.exchange.bounds import READ_MARGIN, BoundedSink
-from ftpbc.exchange.envelope import NAME_LIMIT, UnusableName
+from ftpbc.model.envelope import NAME_LIMIT, UnusableName
 from ftpbc.private_files import open_private, private_dir
 from ftpbc.transport import Entry, Transport, check_name, open_transport
 

@@ -72,7 +72,7 @@ _PRIORITY = re.compile(PRIORITY_RE)
 CLASS_RE = r"[MBSPOT]?"
 EXPIRATION_RE = r"([+-]?[0-9]{1,19})?"
 _CLASS, _EXPIRATION = re.compile(CLASS_RE), re.compile(EXPIRATION_RE)
-#: the type of an error reply in dropboxmq naming (``ftpbc.exchange.envelope.ERROR_TYPE``)
+#: the type of an error reply in dropboxmq naming (``ftpbc.model.envelope.ERROR_TYPE``)
 ERROR_TYPE = "ftpbc.error"
 #: folders of the request side ("in"); the others are the response side ("out")
 IN_FOLDERS = ("inarchive", "inerror")

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ftpbc.cli.common import F
-from ftpbc.exchange.headers import Headers, HeaderSpec
+from ftpbc.model.headers import Headers, HeaderSpec
 
 _INT = re.compile(r"[+-]?[0-9]+")
 _FLOAT = re.compile(r"[+-]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+(?=[eE]))(?:[eE][+-]?[0-9]+)?")

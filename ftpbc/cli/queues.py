@@ -17,7 +17,7 @@ from ftpbc.cli.common import F, config_option, load, node_id_option
 if TYPE_CHECKING:
     from ftpbc.client import Client
     from ftpbc.exchange.deadletter import DeadLetter, DeadLetters
-    from ftpbc.exchange.selector import Selector
+    from ftpbc.model.selector import Selector
 
 
 #: the header row ``ftpbc dlq list`` prints first in text (tab-separated, as its rows; even
@@ -49,7 +49,7 @@ def _selector(text: str | None) -> Selector | None:
     if text is None or not text.strip():
         # "" is no selector, as in JMS: `dlq purge --selector ""` still needs IDs or --all
         return None
-    from ftpbc.exchange.selector import compile_selector
+    from ftpbc.model.selector import compile_selector
 
     return compile_selector(text)
 

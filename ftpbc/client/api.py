@@ -32,12 +32,13 @@ from ftpbc.exchange.consumer import AckMode, Consumer, Delivery, Receiver, as_se
 from ftpbc.exchange.deadletter import DeadLetters
 from ftpbc.exchange.layout import AreaLayout, PartnerLayout
 from ftpbc.exchange.lifecycle import op_id_for
-from ftpbc.exchange.runtime import MessageOptions, Runtime
-from ftpbc.exchange.selector import Selector
+from ftpbc.exchange.runtime import Runtime
 from ftpbc.exchange.sweeper import UNCOLLECTED
 from ftpbc.exchange.topics import Registry, Subscription, subscriber_name
 from ftpbc.exchange.transaction import Transaction
 from ftpbc.metrics import NULL_CLIENT_OBSERVER, ClientMetrics, ClientObserver, HttpServer, serve_http
+from ftpbc.model.headers import MessageOptions
+from ftpbc.model.selector import Selector
 from ftpbc.transport.base import Entry
 
 log = logging.getLogger("ftpbc.client")

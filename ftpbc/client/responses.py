@@ -19,10 +19,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from ftpbc.cluster.liveness import LoopGuard
 from ftpbc.errors import FtpbcError, RequestExpired
-from ftpbc.exchange.envelope import ERROR_TYPE, EXPIRED_TYPE
 from ftpbc.exchange.layout import Candidate
 from ftpbc.exchange.lifecycle import Claimed, Lifecycle, Unread
 from ftpbc.faults import crash_point
+from ftpbc.model.envelope import ERROR_TYPE, EXPIRED_TYPE
 
 log = logging.getLogger("ftpbc.client")
 

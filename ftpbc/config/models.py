@@ -153,7 +153,7 @@ class EndpointConfig(AreaSettings):
         # not by a node that starts serving.  The selector language is pure (it reads headers
         # only when evaluating): see the one import exception in pyproject.toml.
         from ftpbc.errors import SelectorError
-        from ftpbc.exchange.selector import compile_selector
+        from ftpbc.model.selector import compile_selector
 
         if v is not None:
             try:

@@ -21,10 +21,10 @@ from typing import Any
 
 from ftpbc.errors import MessageTooLarge, NotFound
 from ftpbc.exchange.deadletter import envelope_json, read_listed
-from ftpbc.exchange.envelope import Envelope
 from ftpbc.exchange.layout import Candidate, delivery_order
 from ftpbc.exchange.lifecycle import Lifecycle
-from ftpbc.exchange.selector import Selector
+from ftpbc.model.envelope import Envelope
+from ftpbc.model.selector import Selector
 from ftpbc.transport.base import Entry, Refused
 
 

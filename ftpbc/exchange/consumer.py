@@ -55,14 +55,14 @@ from types import TracebackType
 from typing import IO, Literal
 
 from ftpbc.errors import FtpbcError, TransportError
-from ftpbc.exchange.envelope import Envelope, Headers, PropertyValue
 from ftpbc.exchange.layout import Candidate
 from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Disposition, Lifecycle, Unread
-from ftpbc.exchange.message import Message
 from ftpbc.exchange.runtime import Runtime
-from ftpbc.exchange.selector import Selector, compile_selector
 from ftpbc.exchange.sweeper import Sweeper
 from ftpbc.faults import crash_point
+from ftpbc.model.envelope import Envelope, Headers, PropertyValue
+from ftpbc.model.message import Message
+from ftpbc.model.selector import Selector, compile_selector
 
 log = logging.getLogger("ftpbc.consumer")
 

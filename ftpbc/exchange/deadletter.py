@@ -21,10 +21,10 @@ from typing import Any
 from ftpbc.errors import ConfigError, FtpbcError, MessageTooLarge, NotFound
 from ftpbc.exchange.area import REASON_SUFFIX, parse_archive_name
 from ftpbc.exchange.bounds import READ_MARGIN, BoundedSink
-from ftpbc.exchange.envelope import Envelope
 from ftpbc.exchange.layout import AreaLayout
 from ftpbc.exchange.lifecycle import UNKNOWN_SIZE, Lifecycle, op_id_for
-from ftpbc.exchange.selector import Selector
+from ftpbc.model.envelope import Envelope
+from ftpbc.model.selector import Selector
 from ftpbc.paths import join
 
 log = logging.getLogger("ftpbc.dlq")

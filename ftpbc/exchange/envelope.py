@@ -1,79 +1,53 @@
-"""A message's metadata (headers and properties) and the file names that carry it.
+"""Deprecated path: headers and properties <-> file names (docs/naming.md), now ``ftpbc.model.envelope``.
 
-Nothing but the name of a file travels with its body, so a message's headers and properties are
-written into its name.  Two grammars exist, chosen per endpoint with ``naming:`` (see
-``docs/naming.md``):
-
-``ftpbc``
-    The name ftpbc has always used (``req.<uuid>``, ``msg.<uuid>``, ``resp.<uuid>``,
-    ``resp.<uuid>.error``), followed by ``;key=value`` fields only for what differs from the
-    defaults: ``req.<uuid>;p=9;r=audit;.regionS=emea``.  A plain name is a message with default
-    headers, so files from producers that know nothing of the suffix are messages too.
-
-``dropboxmq``
-    DropboxMQ's default transcoder: ``<priority>.<id>.<class>.<expiration>.<correlation id>.
-    <reply-to>.<type>.<properties>``, e.g.
-    ``4.1140429201295000-9262574723.T.1140429211295.corr1283.TestQueue1.XYZType.prop1S=hello``.
-
-This module is where the rest of ftpbc gets them: the headers (``headers``, the table), the
-envelope and what the codecs share (``names``), the codecs (``ftpbc_names``,
-``dropboxmq_names``), and :func:`codec_for`.  Both codecs are pure functions of their input: no
-I/O, no clock, no randomness.  Decoding never raises anything but :class:`UnusableName` for a
-name, however hostile: callers log it once and skip the file.  ``decode`` returning None means
-"not a message of this endpoint" (another prefix, a foreign file): callers skip it quietly.
+Its names are importable from here still, each the very object of its new home (public ones from
+:mod:`ftpbc`), with an :class:`ftpbc.FtpbcDeprecationWarning` naming that home and one line in the
+node's log (see :mod:`ftpbc.deprecation`).  This module will be removed in 1.0.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ftpbc.exchange.dropboxmq_names import DELIVERY_COUNT_PROPERTY, TIMESTAMP_PROPERTY, DropboxmqCodec
-from ftpbc.exchange.ftpbc_names import FtpbcCodec
-from ftpbc.exchange.headers import (
-    DEFAULT_PRIORITY,
-    ERROR_TYPE,
-    EXPIRED_TYPE,
-    RESERVED_TYPE_PREFIX,
-    Headers,
-    Kind,
-    PropertyValue,
-)
-from ftpbc.exchange.names import NAME_LIMIT, Direction, Envelope, NameCodec, NameTooLong, UnusableName
+from ftpbc.deprecation import moved
 
-__all__ = [
-    "DEFAULT_PRIORITY",
-    "DELIVERY_COUNT_PROPERTY",
-    "ERROR_TYPE",
-    "EXPIRED_TYPE",
-    "NAME_LIMIT",
-    "RESERVED_TYPE_PREFIX",
-    "TIMESTAMP_PROPERTY",
-    "Direction",
-    "DropboxmqCodec",
-    "Envelope",
-    "FtpbcCodec",
-    "Headers",
-    "Kind",
-    "NameCodec",
-    "NameTooLong",
-    "PropertyValue",
-    "UnusableName",
-    "codec_for",
-]
+if TYPE_CHECKING:  # type checkers see the real names; at run time __getattr__ warns and resolves
+    from ftpbc.model.envelope import DEFAULT_PRIORITY as DEFAULT_PRIORITY
+    from ftpbc.model.envelope import DELIVERY_COUNT_PROPERTY as DELIVERY_COUNT_PROPERTY
+    from ftpbc.model.envelope import ERROR_TYPE as ERROR_TYPE
+    from ftpbc.model.envelope import EXPIRED_TYPE as EXPIRED_TYPE
+    from ftpbc.model.envelope import NAME_LIMIT as NAME_LIMIT
+    from ftpbc.model.envelope import RESERVED_TYPE_PREFIX as RESERVED_TYPE_PREFIX
+    from ftpbc.model.envelope import TIMESTAMP_PROPERTY as TIMESTAMP_PROPERTY
+    from ftpbc.model.envelope import Direction as Direction
+    from ftpbc.model.envelope import DropboxmqCodec as DropboxmqCodec
+    from ftpbc.model.envelope import Envelope as Envelope
+    from ftpbc.model.envelope import FtpbcCodec as FtpbcCodec
+    from ftpbc.model.envelope import Headers as Headers
+    from ftpbc.model.envelope import Kind as Kind
+    from ftpbc.model.envelope import NameCodec as NameCodec
+    from ftpbc.model.envelope import NameTooLong as NameTooLong
+    from ftpbc.model.envelope import PropertyValue as PropertyValue
+    from ftpbc.model.envelope import UnusableName as UnusableName
+    from ftpbc.model.envelope import codec_for as codec_for
 
-_FTPBC_ONLY = ("request_prefix", "response_prefix", "oneway_prefix", "uuid_of")
-
-
-def codec_for(naming: str, **kw: Any) -> NameCodec:
-    """The codec for an endpoint's ``naming:`` (``ftpbc`` or ``dropboxmq``).
-
-    ``kw`` are the codec's keyword arguments; the ftpbc-only ones (prefixes, ``uuid_of``) are
-    accepted and ignored for ``dropboxmq``, so callers can pass one set for either.
-    """
-    if naming == "ftpbc":
-        return FtpbcCodec(**kw)
-    if naming == "dropboxmq":
-        for key in _FTPBC_ONLY:
-            kw.pop(key, None)
-        return DropboxmqCodec(**kw)
-    raise ValueError(f"unknown naming {naming!r}: expected 'ftpbc' or 'dropboxmq'")
+__getattr__ = moved(__name__, {
+    "DEFAULT_PRIORITY": "ftpbc.model.envelope:DEFAULT_PRIORITY",
+    "DELIVERY_COUNT_PROPERTY": "ftpbc.model.envelope:DELIVERY_COUNT_PROPERTY",
+    "ERROR_TYPE": "ftpbc.model.envelope:ERROR_TYPE",
+    "EXPIRED_TYPE": "ftpbc.model.envelope:EXPIRED_TYPE",
+    "NAME_LIMIT": "ftpbc.model.envelope:NAME_LIMIT",
+    "RESERVED_TYPE_PREFIX": "ftpbc.model.envelope:RESERVED_TYPE_PREFIX",
+    "TIMESTAMP_PROPERTY": "ftpbc.model.envelope:TIMESTAMP_PROPERTY",
+    "Direction": "ftpbc.model.envelope:Direction",
+    "DropboxmqCodec": "ftpbc.model.envelope:DropboxmqCodec",
+    "Envelope": "ftpbc.model.envelope:Envelope",
+    "FtpbcCodec": "ftpbc.model.envelope:FtpbcCodec",
+    "Headers": "ftpbc:Headers",
+    "Kind": "ftpbc.model.envelope:Kind",
+    "NameCodec": "ftpbc.model.envelope:NameCodec",
+    "NameTooLong": "ftpbc.model.envelope:NameTooLong",
+    "PropertyValue": "ftpbc:PropertyValue",
+    "UnusableName": "ftpbc.model.envelope:UnusableName",
+    "codec_for": "ftpbc.model.envelope:codec_for",
+}, remove_in="1.0")

@@ -7,7 +7,7 @@ return.  A :class:`Layout` says *where* each step puts the file:
 :class:`AreaLayout`
     one direction of an endpoint's exchange area (``in``: requests and one-way messages, served
     by providers; ``out``: responses, collected by clients).  Names carry the envelope
-    (:mod:`ftpbc.exchange.envelope`); the directories are ``<dir>box``, ``<dir>select`` ...
+    (:mod:`ftpbc.model.envelope`); the directories are ``<dir>box``, ``<dir>select`` ...
 :class:`PartnerLayout`
     a transfer (``transfers:``): files in a partner's own directories, names from patterns,
     pre/post commands (docs/transfers.md).
@@ -39,7 +39,7 @@ from ftpbc.exchange.area import (
     parse_archive_name,
     sized_stage_name,
 )
-from ftpbc.exchange.envelope import (
+from ftpbc.model.envelope import (
     ERROR_TYPE,
     NAME_LIMIT,
     Envelope,

@@ -77,12 +77,12 @@ from ftpbc.errors import (
 from ftpbc.exchange.area import REASON_SUFFIX, archive_name, parse_archive_name, split_stage
 from ftpbc.exchange.bounds import DEFAULT_MAX_MESSAGE_BYTES, READ_MARGIN, BoundedSink, body_length, check_body
 from ftpbc.exchange.capacity import Capacity
-from ftpbc.exchange.envelope import EXPIRED_TYPE, NAME_LIMIT, Envelope, Headers
 from ftpbc.exchange.layout import LONE_AFTER, AreaLayout, Candidate, Commit, Layout, Outbound, delivery_order
 from ftpbc.exchange.policy import DEFAULT_POLICY, QueuePolicy
 from ftpbc.faults import crash_point
 from ftpbc.journal import EndpointJournal, Operation
 from ftpbc.metrics import NULL_OBSERVER, EndpointObserver
+from ftpbc.model.envelope import EXPIRED_TYPE, NAME_LIMIT, Envelope, Headers
 from ftpbc.paths import join
 from ftpbc.transport.base import Entry, Refused, Transport
 

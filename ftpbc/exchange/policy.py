@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ftpbc.config.models import EndpointConfig
-from ftpbc.exchange.selector import Selector, compile_selector
+from ftpbc.model.selector import Selector, compile_selector
 
 Disposal = Literal["discard", "dead_letter"]
 Overflow = Literal["reject", "dead_letter"]

@@ -17,14 +17,13 @@ from ftpbc.cluster.lease import Lease, safety_margin
 from ftpbc.cluster.liveness import Liveness
 from ftpbc.config.models import Config
 from ftpbc.errors import ConfigError
-from ftpbc.exchange.headers import Headers, Kind
-from ftpbc.exchange.headers import MessageOptions as MessageOptions  # named by new_message callers
 from ftpbc.exchange.layout import KEY_PREFIX, AreaLayout, Direction, PartnerLayout
 from ftpbc.exchange.lifecycle import Lifecycle
 from ftpbc.exchange.policy import QueuePolicy
 from ftpbc.exchange.recovery import Action, recover_orphans, recover_pending
 from ftpbc.exchange.transaction import TX_KEY, open_transactions, recover_transactions
 from ftpbc.journal import Journal
+from ftpbc.model.headers import Headers, Kind, MessageOptions
 from ftpbc.patterns import ExpandContext, Pattern
 from ftpbc.transport import Transport, open_transport
 

@@ -46,9 +46,9 @@ from ftpbc.exchange.bounds import BoundedSink
 from ftpbc.exchange.layout import AreaLayout, Candidate, Outbound
 from ftpbc.exchange.lifecycle import Claimed
 from ftpbc.exchange.runtime import Runtime
-from ftpbc.exchange.selector import Selector, compile_selector
 from ftpbc.exchange.transaction import Settlement, Transaction
 from ftpbc.faults import crash_point
+from ftpbc.model.selector import Selector, compile_selector
 from ftpbc.transport.base import Entry, Transport
 
 log = logging.getLogger("ftpbc.topics")

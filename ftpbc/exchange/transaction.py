@@ -57,12 +57,12 @@ from typing import Any, BinaryIO, Protocol
 
 from ftpbc.errors import FtpbcError, MessageTooLarge, NotFound, QueueFull, SourceGone
 from ftpbc.exchange.bounds import body_length
-from ftpbc.exchange.envelope import Kind
 from ftpbc.exchange.layout import AreaLayout, Outbound
 from ftpbc.exchange.lifecycle import Lifecycle, expose_each, op_id_for, rename_resolving
 from ftpbc.exchange.recovery import Action
 from ftpbc.faults import crash_point
 from ftpbc.journal import EndpointJournal, Journal
+from ftpbc.model.envelope import Kind
 
 log = logging.getLogger("ftpbc.transaction")
 

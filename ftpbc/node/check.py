@@ -53,8 +53,8 @@ from ftpbc.errors import (
     TransportTimeout,
 )
 from ftpbc.exchange.area import ExchangeArea, archive_name
-from ftpbc.exchange.envelope import NAME_LIMIT
 from ftpbc.exchange.layout import PartnerLayout
+from ftpbc.model.envelope import NAME_LIMIT
 from ftpbc.paths import join, normalize
 from ftpbc.private_files import open_private, private_dir
 from ftpbc.sequences import SequenceStore

@@ -27,11 +27,11 @@ from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.config.topics import TopicConfig
 from ftpbc.errors import FtpbcError, NotFound, TransportError
 from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Unread
-from ftpbc.exchange.message import Message
 from ftpbc.exchange.runtime import Runtime
 from ftpbc.exchange.sweeper import Sweeper
 from ftpbc.exchange.topics import Registry, UnknownSubscription, fan_out
 from ftpbc.exchange.transaction import open_transactions
+from ftpbc.model.message import Message
 from ftpbc.node.provider import Provider
 
 log = logging.getLogger("ftpbc.fanout")

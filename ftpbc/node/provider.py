@@ -36,8 +36,8 @@ from ftpbc.exchange.backlog import BoxLister
 from ftpbc.exchange.layout import KEY_PREFIX as TRANSFER_KEY_PREFIX
 from ftpbc.exchange.layout import Candidate
 from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Lifecycle, Unread
-from ftpbc.exchange.message import Message, result_bytes
 from ftpbc.metrics import EndpointObserver
+from ftpbc.model.message import Message, result_bytes
 from ftpbc.node.failure import DEFAULT_ERROR_REPLY, failure_reason
 from ftpbc.node.poller import Poller as Poller
 from ftpbc.node.poller import PollSettings, log_extra

@@ -56,10 +56,10 @@ from ftpbc.errors import ConfigError, TransportError
 from ftpbc.exchange import route
 from ftpbc.exchange.area import archive_name, claim_name
 from ftpbc.exchange.capacity import Capacity
-from ftpbc.exchange.envelope import Envelope, PropertyValue
 from ftpbc.exchange.layout import AreaLayout
 from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Lifecycle, Unread
 from ftpbc.exchange.policy import QueuePolicy
+from ftpbc.model.envelope import Envelope, PropertyValue
 from ftpbc.node.destinations import Destination, Destinations, InboxFull, retry_policy
 from ftpbc.node.poller import Poller
 from ftpbc.paths import join

@@ -24,10 +24,10 @@ from ftpbc.cluster.heartbeat import Serves
 from ftpbc.cluster.liveness import LoopGuard
 from ftpbc.config.models import CLIENT_ID_RE, Config
 from ftpbc.errors import ConfigError
-from ftpbc.exchange.message import Message
 from ftpbc.exchange.recovery import Action
 from ftpbc.exchange.runtime import Runtime
 from ftpbc.exchange.sweeper import Sweeper
+from ftpbc.model.message import Message
 from ftpbc.node.fanout import FanOut, TopicSweeper, declare_subscriptions, remove_orphan_copies
 from ftpbc.node.poller import Poller
 from ftpbc.node.provider import Provider

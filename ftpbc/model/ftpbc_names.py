@@ -11,8 +11,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from ftpbc.exchange.headers import ERROR_TYPE, Headers, Kind, PropertyValue
-from ftpbc.exchange.names import (
+from ftpbc.model.headers import ERROR_TYPE, Headers, Kind, PropertyValue
+from ftpbc.model.names import (
     NAME_LIMIT,
     BadName,
     DecodeCache,

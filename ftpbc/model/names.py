@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 from urllib.parse import quote, unquote_to_bytes
 
 from ftpbc.errors import FtpbcError
-from ftpbc.exchange.headers import Headers, HeaderSpec, PropertyValue
+from ftpbc.model.headers import Headers, HeaderSpec, PropertyValue
 
 Direction = Literal["in", "out"]
 NAME_LIMIT = 255  # bytes (UTF-8): most servers' limit for one path segment

@@ -13,8 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ftpbc.exchange.headers import Headers, Kind, PropertyValue, ms_of, time_of_ms
-from ftpbc.exchange.names import (
+from ftpbc.model.headers import Headers, Kind, PropertyValue, ms_of, time_of_ms
+from ftpbc.model.names import (
     INT_RE,
     NAME_LIMIT,
     NO_PROPERTIES,
