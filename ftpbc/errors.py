@@ -288,12 +288,6 @@ class UnsafeSource(UnsafeEntry, SourceGone):
 # --------------------------------------------------------------------------- environment
 
 
-class DuplicateMessage(FtpbcError):
-    """A message whose id another message of the same box already has (claimed, being served, or
-    settled by this node): filed in the error directory unread, with no reply, since the caller
-    of that id waits for the first message's answer."""
-
-
 class MissingDependency(FtpbcError):
     """Something a command needs is not installed here: an optional extra (``pip install
     'ftpbc[spark]'``) or a program (Java for Spark).  The message says what to install."""

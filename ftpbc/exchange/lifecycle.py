@@ -60,7 +60,6 @@ from datetime import UTC, datetime
 from typing import BinaryIO, Protocol, TypeVar
 
 from ftpbc.errors import (
-    DuplicateMessage,
     FtpbcError,
     IncompleteRead,
     MessageTooLarge,
@@ -197,6 +196,13 @@ class Disposition(str):
 
 #: what became of a claim whose filing or return could not be finished (the node is stopping)
 UNFINISHED = Disposition("left for recovery: the node is stopping", "unfinished")
+
+
+class DuplicateMessage(FtpbcError):
+    """Why a claim was not read (:attr:`Unread.error`): its message id is another message's of
+    the same box (claimed, being served, or settled by this node), so it is filed in the error
+    directory unread, with no reply, since the caller of that id waits for the first message's
+    answer.  Never raised to a caller."""
 
 
 @dataclass(frozen=True)
