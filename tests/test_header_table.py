@@ -130,6 +130,23 @@ def test_a_table_whose_rows_clash_is_refused() -> None:
             pressure: int = header(COUNT, default=0, ftpbc="p")
 
 
+def test_a_codec_refuses_a_table_with_a_header_it_could_not_carry() -> None:
+    @header_table
+    class NoKey(Headers):
+        group_id: str | None = header(TEXT, default=None, dropboxmq="JMSXGroupID")
+
+    @header_table
+    class NoPlace(Headers):
+        group_id: str | None = header(TEXT, default=None, ftpbc="g", dropboxmq=8)
+
+    with pytest.raises(ValueError, match="'group_id' has no ftpbc key"):
+        FtpbcCodec(headers=NoKey)
+    with pytest.raises(ValueError, match="'group_id': dropboxmq=8"):
+        DropboxmqCodec(headers=NoPlace)
+    FtpbcCodec(headers=NoPlace)
+    DropboxmqCodec(headers=NoKey)
+
+
 def test_what_a_sender_may_set_is_what_message_options_types() -> None:
     # MessageOptions is the typed face of the table's send column (Client.send's keywords)
     sendable = {spec.name for spec in Headers.table.sendable}

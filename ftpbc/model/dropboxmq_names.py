@@ -33,6 +33,21 @@ from ftpbc.model.names import (
 __all__ = ["DELIVERY_COUNT_PROPERTY", "TIMESTAMP_PROPERTY", "DropboxmqCodec"]
 
 _CLASSES = frozenset("MBSPOT")  # Message Bytes Stream maP Object Text
+#: the headers DropboxMQ's eight positions carry (the 8th holds the properties), by position
+_POSITIONS = {1: "priority", 2: "id", 3: "message_class", 4: "expiration", 5: "correlation_id",
+              6: "reply_to", 7: "type"}
+
+
+def _check_table(headers: type[Headers]) -> None:
+    """ValueError unless the table puts every header where this codec carries it: one of the
+    fixed positions (as DropboxMQ has them) or a property; otherwise it would be lost."""
+    for spec in headers.table.specs:
+        where = spec.dropboxmq
+        if spec.name == "kind" or isinstance(where, str):
+            continue  # the box and the reply-to say the kind
+        if where is None or _POSITIONS.get(where) != spec.name:
+            raise ValueError(f"header {spec.name!r}: dropboxmq={where!r}, but DropboxMQ names carry it "
+                             "only as a property (give dropboxmq='<property name>')")
 #: the reserved properties that carry the delivery count and a timestamp (the table's)
 DELIVERY_COUNT_PROPERTY = str(Headers.table.by_name["delivery_count"].dropboxmq)
 TIMESTAMP_PROPERTY = str(Headers.table.by_name["timestamp"].dropboxmq)
@@ -70,6 +85,7 @@ class DropboxmqCodec(DecodeCache):
             raise ValueError(f"limit must be a positive int, got {limit!r}")
         self._limit = limit
         self._headers = headers
+        _check_table(headers)
         self._reserved = headers.table.dropboxmq_properties
         super().__init__()
 

@@ -83,6 +83,9 @@ class FtpbcCodec(DecodeCache):
         self._prefix = {"request": request_prefix, "response": response_prefix, "oneway": oneway_prefix}
         self._headers = headers
         self._table = headers.table
+        for spec in self._table.specs:
+            if spec.ftpbc is None and spec.name not in ("id", "kind"):  # the base gives those two
+                raise ValueError(f"header {spec.name!r} has no ftpbc key: ftpbc names could not carry it")
         super().__init__()
 
     # Read-only: decoded names are cached, so what decides them must not change.

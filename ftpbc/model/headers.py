@@ -327,9 +327,11 @@ def header(kind: ValueKind[Any], *, default: Any = dataclasses.MISSING, rank: in
     ``default``    the value of a message that does not give it; none: the header is required
     ``rank``       where it is listed: ftpbc names write fields in this order, JSON lists it so
                    (ties: declaration order; leave it for a new header, which then comes last)
-    ``ftpbc``      its one-letter key in ftpbc names (``;p=9``); None: the base carries it
-    ``dropboxmq``  its position (1-8) in DropboxMQ names, or the name of the reserved property
-                   that carries it (``JMSXDeliveryCount``)
+    ``ftpbc``      its one-letter key in ftpbc names (``;p=9``); only ``id`` and ``kind``, which
+                   the base carries, have none (the codec refuses a table otherwise)
+    ``dropboxmq``  the name of the reserved property that carries it in DropboxMQ names
+                   (``JMSXDeliveryCount``), or, for the headers DropboxMQ's own fields carry,
+                   that field's position (1-7)
     ``jms``        the JMS name selectors read it by, or ``{name: value -> selector value}``
                    (such a function gets None too, for a message without the header)
     ``send``       a sender may set it: a keyword of ``Client.send``/``request``/``publish``
