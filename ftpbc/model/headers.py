@@ -443,38 +443,56 @@ def _expiration_ms(value: datetime | None) -> int:
 
 @header_table
 class Headers:
-    """A message's headers: THE header table (one ``header(...)`` per header).
+    """A message's headers, as its file name carries them (docs/naming.md); immutable.
 
-    ``priority`` 0-9 (higher first), ``delivery_count`` from 0 (below 2**63); datetimes must be
-    timezone-aware and are converted to UTC (names carry them at millisecond precision).
-    A response's ``correlation_id`` defaults to its ``id``: with ftpbc names a response's id
-    *is* the request's id.  Subclasses (decorated with :func:`header_table`) may add headers;
-    codecs and selectors take the class whose table they read.
+    A handler reads them as ``message.headers``; senders set some of them through
+    :class:`MessageOptions`.  Made by hand, they are checked: ``priority`` 0-9 (higher first),
+    ``delivery_count`` from 0 (below 2**63), datetimes timezone-aware (converted to UTC; names
+    carry them at millisecond precision); a bad value is a ValueError or TypeError naming the
+    header.  A response's ``correlation_id`` defaults to its ``id``: with ftpbc names a
+    response's id *is* the request's id.
+
+    For ftpbc's developers: this class is THE header table (one ``header(...)`` per header).
+    Subclasses (decorated with :func:`header_table`) may add headers; codecs and selectors take
+    the class whose table they read.
     """
 
     id: str = header(TEXT, rank=0, dropboxmq=2, jms="JMSMessageID", lookup=True)
+    """The message id: the ``<uuid>`` of ``req.<uuid>`` (JMSMessageID)."""
     kind: Kind = header(KIND, default="oneway", rank=1, jms="JMS_ftpbcKind", lookup=True)
+    """``request``, ``response`` or ``oneway``, from the name's prefix."""
     priority: int = header(
         DIGIT, default=DEFAULT_PRIORITY, rank=2, ftpbc="p", dropboxmq=1, jms="JMSPriority", send=True,
         cli="--priority", lookup=True,
         help="Give the message this priority, 0 (lowest) to 9 (highest) (default: the endpoint's, 4).")
+    """0 (lowest) to 9 (highest); nodes take higher priorities first (JMSPriority)."""
     timestamp: datetime | None = header(TIME, default=None, rank=4, ftpbc="s",
                                         dropboxmq="JMS_ftpbcTimestamp", jms="JMSTimestamp")
+    """When the sender made the message (UTC), if the name says (JMSTimestamp)."""
     expiration: datetime | None = header(TIME, default=None, rank=5, ftpbc="e", dropboxmq=4,
                                          jms={"JMSExpiration": _expiration_ms})
+    """When the message expires (UTC); None: never.  An expired message is never delivered
+    (docs/queues.md, Expiry)."""
     correlation_id: str | None = header(TEXT, default=None, rank=6, ftpbc="c", dropboxmq=5,
                                         jms="JMSCorrelationID", send=True, cli="--correlation-id",
                                         lookup=True, help="Set the message's correlation id.")
+    """The sender's correlation id (JMSCorrelationID); a response's is its request's id."""
     reply_to: str | None = header(TEXT, default=None, rank=7, ftpbc="r", dropboxmq=6, jms="JMSReplyTo",
                                   send=True, lookup=True)
+    """The endpoint whose outbox gets the response to this request (JMSReplyTo); None: its own."""
     type: str | None = header(TEXT, default=None, rank=8, ftpbc="t", dropboxmq=7, jms="JMSType", send=True,
                               cli="--type", lookup=True, refuse=_reserved_type,
                               help="Set the message's type (JMSType).")
+    """The sender's message type (JMSType); types starting ``ftpbc.`` are ftpbc's own (error and
+    expiry replies)."""
     message_class: str | None = header(TEXT, default=None, rank=9, ftpbc="k", dropboxmq=3, lookup=True)
+    """The JMS message class letter a DropboxMQ name carries (docs/naming.md); None if none."""
     # JMS counts deliveries from 1 (this one); the header counts the ones before
     delivery_count: int = header(COUNT, default=0, rank=3, ftpbc="n", dropboxmq="JMSXDeliveryCount",
                                  jms={"JMSXDeliveryCount": lambda n: n + 1,
                                       "JMSRedelivered": lambda n: n > 0})
+    """How often the message was delivered before this delivery (0: first); JMSXDeliveryCount
+    is this plus one."""
 
     #: the table of this class's headers (set by header_table)
     table: ClassVar[HeaderTable]
@@ -536,8 +554,15 @@ class MessageOptions(TypedDict, total=False):
     lets a sender set (``send=True``; a test keeps the two in step)."""
 
     ttl: float
+    """Seconds the message stays deliverable (default: the endpoint's ``ttl``, else for ever)."""
     properties: Mapping[str, PropertyValue]
+    """Typed properties (names as identifiers, values bool, int, float or str), carried in the
+    file name and readable by selectors (docs/naming.md gives the limits)."""
     priority: int
+    """0 (lowest) to 9 (highest) (default: the endpoint's ``priority``, 4)."""
     correlation_id: str
+    """Any text the receiver gets back as ``headers.correlation_id``."""
     type: str
+    """The message type (JMSType); not starting with ``ftpbc.``."""
     reply_to: str
+    """Requests only: the endpoint whose outbox gets the response (docs/queues.md, Reply-to)."""
