@@ -8,8 +8,10 @@ selector selects by it, the command line offers it and dead letters print it.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from datetime import UTC, datetime
+from pathlib import Path
 
 import click
 import pytest
@@ -19,7 +21,7 @@ from ftpbc.cli.options import message_options, options_dict
 from ftpbc.exchange.deadletter import envelope_json
 from ftpbc.model.envelope import DropboxmqCodec, Envelope, FtpbcCodec, UnusableName
 from ftpbc.model.headers import COUNT, TEXT, TIME, Headers, MessageOptions, header, header_table
-from ftpbc.model.selector import compile_selector
+from ftpbc.model.selector import HEADER_FIELDS, compile_selector
 
 UID = "4d4f6177-f085-456b-94d1-1ed22baae814"
 
@@ -155,3 +157,28 @@ def test_what_a_sender_may_set_is_what_message_options_types() -> None:
 
 def test_the_table_lists_every_field_of_headers() -> None:
     assert {f.name for f in dataclasses.fields(Headers)} == set(Headers.table.by_name)
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def _rows(text: str, heading: str) -> list[list[str]]:
+    """The cells of the rows of the markdown table whose header row starts ``heading``."""
+    rows = []
+    for line in text[text.index(heading):].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip().strip("`") for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_the_docs_list_the_tables_headers_keys_and_selector_names() -> None:
+    naming = (DOCS / "naming.md").read_text(encoding="utf-8")
+    assert [row[0] for row in _rows(naming, "| header | default |")] == [
+        f.name for f in dataclasses.fields(Headers)]
+    keys = {row[0]: row[1] for row in _rows(naming, "| key | header | value |")}
+    assert keys == {spec.ftpbc: spec.name for spec in Headers.table.ftpbc}
+    queues = (DOCS / "queues.md").read_text(encoding="utf-8")
+    names = [row[0] for row in _rows(queues, "| name | value |")]
+    assert sorted(names) == sorted(HEADER_FIELDS)
+    assert all(re.fullmatch(r"JMS\w+", name) for name in names)
