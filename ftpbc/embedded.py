@@ -16,7 +16,8 @@ ftpbc does and no more: no ``SITE CHMOD``.
 Not guaranteed: this is a single-user test and demo server; it is not hardened for the internet
 (pyftpdlib's 3 s delay after a failed login is kept by default, nothing more).
 
-Concurrency model: pyftpdlib's default ``FTPServer``, every session on one asynchronous loop.
+Concurrency model: pyftpdlib's default ``FTPServer``, every session on one asynchronous loop
+(:class:`EventLoop`: pyftpdlib's, made never to hand one connection's event to another).
 ``ThreadedFTPServer`` starts a thread per login and its threads contend for the GIL, so it serves
 fewer short sessions a second, and fewer still with more clients: it is not offered.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import random
+import select
 import socket
 import threading
 from pathlib import Path
@@ -42,6 +44,60 @@ PASSIVE_RANGE = (20000, 32000)
 #: Not ``M`` (SITE CHMOD): ftpbc never changes modes, and a client that could would make the
 #: served root, and everything the node user owns below it, writable by every local user.
 USER_PERMS = "elradfmwT"
+
+
+#: whether pyftpdlib's loop here is its epoll loop (the one EventLoop changes)
+_EPOLL_LOOP = hasattr(select, "epoll") and getattr(IOLoop, "_poller", None) is select.epoll
+
+
+class EventLoop(IOLoop):  # type: ignore[valid-type,misc]
+    """pyftpdlib's event loop (epoll on Linux), minus a window in which one connection's
+    event is handled as another's.
+
+    One round of pyftpdlib's loop handles the events one ``epoll_wait`` returned, looking each
+    handler up by its file descriptor as it goes.  A handler closed by an earlier event of the
+    round frees its descriptor number, and a connection accepted later in the same round may get
+    that number; the closed socket's event, still in the round's list, then reaches the new
+    handler.  A hang-up (a client killed while the server sent it a file) reaching a data
+    connection that an upload had just opened ends the upload at once: ``226 Transfer complete``
+    for an empty file, the body still unread.
+
+    Guaranteed here: an event reaches only the handler that held its descriptor when the round
+    was polled; one whose handler was closed or replaced meanwhile is dropped.  Nothing is lost:
+    epoll is level-triggered, so the new socket's own readiness is reported by the next round.
+    Only the epoll loop is changed; pyftpdlib's other loops (BSD, Solaris, select) keep theirs.
+    """
+
+    def poll(self, timeout: float | None) -> None:
+        if not _EPOLL_LOOP:
+            super().poll(timeout)
+            return
+        try:
+            events = self._poller.poll(-1 if timeout is None else timeout)
+        except InterruptedError:
+            return
+        handlers = self.socket_map
+        # Whose each event is, taken before any is handled: handling one may close another's
+        # handler and hand its descriptor number to a new connection.
+        polled = [(fd, event, handlers.get(fd)) for fd, event in events]
+        for fd, event, handler in polled:
+            if handler is None or handlers.get(fd) is not handler:
+                continue
+            if event & self._ERROR and not event & self.READ:
+                handler.handle_close()
+                continue
+            if event & self.READ and handler.readable():
+                _dispatch(handler, handler.handle_read_event)
+            if event & self.WRITE and handler.writable():
+                _dispatch(handler, handler.handle_write_event)
+
+
+def _dispatch(handler: Any, step: Any) -> None:
+    """One event's step, as pyftpdlib runs it: a failure goes to the handler's own handle_error."""
+    try:
+        step()
+    except Exception:
+        handler.handle_error()
 
 
 class EmbeddedFTPServer:
@@ -95,7 +151,7 @@ class EmbeddedFTPServer:
             raise RuntimeError("server already started")
         # An IOLoop of its own: pyftpdlib's default is a process-wide singleton, and two servers
         # polling one loop from two threads corrupt each other (OpenSSL crashed in a handshake).
-        self._server = FTPServer((self.host, self.port), self._handler, ioloop=IOLoop())
+        self._server = FTPServer((self.host, self.port), self._handler, ioloop=EventLoop())
         self.port = int(self._server.socket.getsockname()[1])
         self._stop.clear()
         self._thread = threading.Thread(target=self._serve, name=f"ftpd-{self.port}", daemon=True)
