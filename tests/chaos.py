@@ -36,6 +36,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ import yaml
 from ftpbc.errors import FtpbcError, RequestTimeout, TransportError
 from ftpbc.exchange.area import KINDS
 from ftpbc.exchange.lifecycle import Lifecycle
-from ftpbc.journal import Journal
+from ftpbc.journal import EndpointJournal, Journal
 from ftpbc.model.message import Message
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,6 +53,8 @@ HANDLER = "tests.chaos:handler"
 LOG_ENV = "FTPBC_TEST_HANDLER_LOG"
 NODE_ENV = "FTPBC_TEST_NODE"
 PASSWORD_ENV = "FTPBC_TEST_PASSWORD"
+#: the file an instrumented node appends a line to for every journal record it writes
+TRACE_ENV = "FTPBC_TEST_JOURNAL_TRACE"
 ENDPOINT = "echo"
 #: how long a client waits for the answer to a request whose submit failed ambiguously
 INDETERMINATE_WAIT = 15.0
@@ -103,6 +106,85 @@ def _served_durable_logged(self: Lifecycle, served: Any) -> dict[str, str]:
 if os.environ.get(LOG_ENV):
     # Only inside the instrumented nodes: the pytest process itself is left untouched.
     Lifecycle.served_durable = _served_durable_logged  # type: ignore[method-assign]
+
+
+# ---------------------------------------------------------------------- the journal trace
+
+_original_record_many = EndpointJournal.record_many
+_original_end = EndpointJournal.end
+
+
+def _trace(journal: EndpointJournal, records: list[tuple[str, str, dict[str, str]]]) -> None:
+    """Append ``records`` (just written to ``journal``) to the file TRACE_ENV names: ``<time>
+    <node> <journal file> <op id> <event> <fields as JSON>`` a line, one ``write`` per batch.
+
+    The journal itself is emptied whenever nothing is pending, so after a run it says nothing
+    of the operations that ended; the trace keeps every record, for following one message.
+    A kill between a record and its trace line loses that line only."""
+    path = os.environ[TRACE_ENV]
+    node = os.environ.get(NODE_ENV, "?")
+    stamp = trace_time(time.time())
+    data = "".join(f"{stamp} {node} {journal.path.name} {op_id} {event} "
+                   f"{json.dumps(fields, separators=(',', ':'))}\n"
+                   for op_id, event, fields in records).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, data)  # one write to an O_APPEND file: never interleaved with another process's
+    finally:
+        os.close(fd)
+
+
+def trace_time(t: float) -> str:
+    """A time (``time.time()``) as the trace writes it: local, as the nodes' log lines, to the
+    microsecond, so that log and trace lines sort together."""
+    return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+#: per thread: records traced by the journal's own calls since the current end() began
+_traced = threading.local()
+
+
+def _record_many_traced(self: EndpointJournal, records: list[tuple[str, str, dict[str, str]]], *,
+                        durable: bool) -> int:
+    seq = _original_record_many(self, records, durable=durable)
+    _trace(self, records)
+    _traced.count = getattr(_traced, "count", 0) + 1
+    return seq
+
+
+def _end_traced(self: EndpointJournal, op_id: str) -> None:
+    _traced.count = 0
+    _original_end(self, op_id)
+    if not _traced.count:  # ended by emptying the file, without an end record
+        _trace(self, [(op_id, "end", {})])
+
+
+if os.environ.get(TRACE_ENV):
+    # Only in a node started with NodeProcess(trace_journal=True).
+    EndpointJournal.record_many = _record_many_traced  # type: ignore[method-assign]
+    EndpointJournal.end = _end_traced  # type: ignore[method-assign]
+
+
+def read_trace(cluster: Cluster, needles: list[str]) -> list[str]:
+    """The journal trace lines (every traced node's) that mention any of ``needles``, by time,
+    each with its journal file's endpoint name (the node's journal registry) in place of the
+    file name."""
+    lines = []
+    for path in sorted(cluster.workdir.glob("journal-*.trace")):
+        node = path.stem.removeprefix("journal-")
+        names = {}
+        for journal_dir in cluster.journal_dirs():
+            registry = journal_dir / node / "registry"
+            if registry.exists():
+                names.update({file: name for name, _, file in
+                              (ln.partition("\t") for ln in registry.read_text().splitlines())})
+        for line in path.read_text(errors="replace").splitlines():
+            if any(n in line for n in needles):
+                parts = line.split(" ", 4)  # date, time, node, journal file, the rest
+                if len(parts) == 5:
+                    parts[3] = names.get(parts[3], parts[3])
+                lines.append(" ".join(parts))
+    return sorted(lines)
 
 
 @dataclass
@@ -349,6 +431,8 @@ def _with_env(password: str | None) -> Iterator[None]:
 # ---------------------------------------------------------------------- processes
 
 FTPBC = [sys.executable, "-c", "from ftpbc.cli import main; main()"]
+#: ``ftpbc`` with this module imported first (its instrumentation, by the environment's choice)
+TRACED = [sys.executable, "-c", "import tests.chaos; from ftpbc.cli import main; main()"]
 
 
 def run_cli(cluster: Cluster, *args: str, node_id: str | None = None, crash_at: str | None = None,
@@ -364,7 +448,9 @@ def run_cli(cluster: Cluster, *args: str, node_id: str | None = None, crash_at: 
 class NodeProcess:
     """One ``ftpbc serve`` subprocess with a fixed node id, restartable after a kill."""
 
-    def __init__(self, cluster: Cluster, node_id: str) -> None:
+    def __init__(self, cluster: Cluster, node_id: str, *, trace_journal: bool = False) -> None:
+        """``trace_journal``: the node appends every journal record it writes to
+        ``journal-<node_id>.trace`` in the cluster's workdir (:func:`read_trace`)."""
         self.cluster = cluster
         self.node_id = node_id
         self.log = cluster.workdir / f"node-{node_id}.log"
@@ -373,13 +459,17 @@ class NodeProcess:
         #: environment every start of this node gets (e.g. injected faults)
         self.extra_env: dict[str, str] = {}
         self._log_offset = 0
+        self._command = FTPBC
+        if trace_journal:
+            self.extra_env[TRACE_ENV] = str(cluster.workdir / f"journal-{node_id}.trace")
+            self._command = TRACED  # a topic's node never imports this module as its handler
 
     def start(self, crash_at: str | None = None, **env: str) -> None:
         with open(self.log, "ab") as log:
             self._log_offset = log.tell()
             # The prefix execs (tests/hosts.py), so proc.pid is the node's own: a kill is a crash.
-            self.proc = subprocess.Popen([*self.cluster.prefix_for(self.node_id), *FTPBC, "serve", "-c",
-                                          str(self.cluster.config_for(self.node_id)), "--node-id",
+            self.proc = subprocess.Popen([*self.cluster.prefix_for(self.node_id), *self._command, "serve",
+                                          "-c", str(self.cluster.config_for(self.node_id)), "--node-id",
                                           self.node_id], cwd=REPO, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=log,
                                          env=self.cluster.env(self.node_id, crash_at,

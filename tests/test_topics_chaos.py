@@ -10,8 +10,9 @@ topic's incoming area; no staged copy, claim or pending journal operation is lef
 from __future__ import annotations
 
 import random
+import re
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,16 @@ import pytest
 import yaml
 
 from ftpbc.client import Client
-from tests.chaos import PASSWORD_ENV, Cluster, Nemesis, NodeProcess, load_client_config, run_cli
+from tests.chaos import (
+    PASSWORD_ENV,
+    Cluster,
+    Nemesis,
+    NodeProcess,
+    load_client_config,
+    read_trace,
+    run_cli,
+    trace_time,
+)
 from tests.servers.handle import ServerHandle
 from tests.support import wait_until
 
@@ -228,6 +238,39 @@ CHAOS_SUBS = {"a": {}, "b": {}, "eu": {"selector": "region = 'eu'"},
 NODES = ["n0", "n1", "n2"]
 
 
+UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def whereabouts(cluster: Cluster, wanted: set[bytes], odd: list[str], events: list[str]) -> str:
+    """What a diagnosis of a failed chaos run needs, about the messages whose bodies are
+    ``wanted`` and the files ``odd`` (paths under the repository): every file on the server
+    holding one of the bodies, then one timeline of the node log lines and journal records
+    (the nodes' traces) naming their uuids or the transactions those records name, with the
+    nemesis's kills."""
+    root = cluster.local()
+    found: dict[bytes, list[str]] = defaultdict(list)
+    for path in root.rglob("*"):
+        if path.is_file() and path.stat().st_size <= 64 and (body := path.read_bytes()) in wanted:
+            found[body].append(str(path.relative_to(root)))
+    needles = {u for paths in [*found.values(), odd] for p in paths for u in UUID_RE.findall(p)}
+    trace = read_trace(cluster, sorted(needles))
+    needles |= {m for line in trace for m in re.findall(r" ([0-9a-f-]{36}\.tx) ", line)}
+    timeline = []
+    for line in read_trace(cluster, sorted(needles)):  # "<date> <time> <node> <journal> ..."
+        date, clock, node, rest = line.split(" ", 3)
+        timeline.append(f"{date} {clock} {node} journal {rest}")
+    for path in cluster.workdir.glob("node-*.log"):
+        node = path.stem.removeprefix("node-")
+        for line in path.read_text(errors="replace").splitlines():
+            if any(n in line for n in needles):  # "2026-11-28 01:32:45,321 INFO ..."
+                timeline.append(f"{line[:19]}.{line[20:23]}000 {node} log {line[24:]}")
+    for event in events:  # "<time.time()> kill+restart n0"
+        stamp, _, what = event.partition(" ")
+        timeline.append(f"{trace_time(float(stamp))} nemesis {what}")
+    return "\n".join(["files:", *(f"  {b!r}: {sorted(paths)}" for b, paths in sorted(found.items())),
+                      *(f"  odd: {p}" for p in odd), "timeline:", *(f"  {ln}" for ln in sorted(timeline))])
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", ["local", "pyftpdlib"])
@@ -241,7 +284,7 @@ def test_chaos_three_nodes_fan_out_2000_messages_under_sigkill(kind: str, reques
     expected = {"a": Counter(list(messages)), "b": Counter(list(messages)),
                 "eu": Counter(b for b, o in messages.items() if o["properties"]["region"] == "eu"),
                 "urgent": Counter(b for b, o in messages.items() if o["priority"] >= 7)}
-    nodes = [NodeProcess(cluster, n) for n in NODES]
+    nodes = [NodeProcess(cluster, n, trace_journal=True) for n in NODES]
     published = [0]
     started = time.monotonic()
     nemesis = Nemesis(nodes, lambda: published[0] / CHAOS_MESSAGES, {}, seed=7)
@@ -274,6 +317,14 @@ def test_chaos_three_nodes_fan_out_2000_messages_under_sigkill(kind: str, reques
     extra = {s: sorted(set(got[s]) - set(expected[s]))[:5] for s in CHAOS_SUBS}
     print(f"topic chaos {kind}: {CHAOS_MESSAGES} messages, {nemesis.log.kills} kills, {elapsed:.1f} s, "
           f"copies {sum(sum(c.values()) for c in got.values())}")
+    left = leftovers(cluster, list(CHAOS_SUBS))
+    if got != expected or left:
+        # Everything about the messages concerned, before the first assertion stops the test
+        # (the run's files stay under its basetemp: node logs, journal traces, the server's tree).
+        wanted = {b for s in CHAOS_SUBS for b in (set(expected[s]) ^ set(got[s])) | set(twice[s])}
+        odd = [f"{d}/{n}" for d, names in left.items() for n in names]
+        print(f"twice: {twice}\nmissing: {missing}\nextra: {extra}\nleftovers: {left}")
+        print(whereabouts(cluster, wanted, odd, nemesis.log.events))
     assert nemesis.log.kills >= 5
     assert codes == dict.fromkeys(NODES, 0), codes
     assert all(not v for v in twice.values()), f"copied twice: {twice}"
