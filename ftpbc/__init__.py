@@ -2,7 +2,7 @@
 servers or a shared directory, with any number of cluster nodes competing for the work.
 
 **The public API is what this module exports** (``__all__``), plus the module
-:mod:`ftpbc.errors`.  Import from here::
+:mod:`ftpbc.errors`.  Import from here:
 
     from ftpbc import Client, Message, Node, RequestTimeout
 
