@@ -208,6 +208,8 @@ class Transaction:
         never made are fine); after it, the commit rolls them forward as any member.  At most
         once per transaction (a second record would replace the first's list).  Raises
         MessageTooLarge or ValueError (a copy without a stage) before writing anything.
+
+        Internal (the topic fan-out uses it), hidden from the API reference: @private
         """
         if self.state != "open":
             raise RuntimeError(f"transaction {self.id} is {self.state}: no more messages")
@@ -252,7 +254,10 @@ class Transaction:
     def settle_claim(self, settlement: Settlement) -> None:
         """Make this transaction settle a claim (see the module's text): its commit renames the
         claim to ``settlement.commit`` before exposing anything, or undoes itself if the claim
-        is gone.  At most one per transaction."""
+        is gone.  At most one per transaction.
+
+        Internal (the topic fan-out uses it), hidden from the API reference: @private
+        """
         if self.state != "open" or self._settlement is not None:
             raise RuntimeError(f"transaction {self.id}: a claim can be settled once, while open")
         self._settlement = settlement

@@ -305,8 +305,12 @@ class Node:
         self._stop.set()
 
     def stop(self, drain_timeout: float | None = None) -> bool:
-        """Stop claiming and drain (see :meth:`Poller.stop`); True if nothing was left behind:
-        every in-flight message finished, or went back to its box for other nodes."""
+        """Stop claiming and drain: handlers running get ``drain_timeout`` seconds (default:
+        each endpoint's ``drain_timeout``) to finish; the claims of those still running then go
+        back to their boxes for other nodes at once, results already recorded are delivered, and
+        the heartbeat and connections end.  Returns True if nothing was left behind; False if
+        some claims stay for recovery or the lease (the heartbeat file is then kept).  A handler
+        cut short this way may run again elsewhere."""
         self._stop.set()
         clean = True
         for provider in self.providers.values():
