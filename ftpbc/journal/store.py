@@ -14,8 +14,11 @@ A record is one line of text a person can read::
 inside a value).  An operation is *pending* from its first record until its ``end`` record.
 
 What is guaranteed
-    :meth:`EndpointJournal.record` with ``durable=True`` returns only after the line is on disk
-    (``fsync``; concurrent writers share one fsync: group commit).  Intents that recovery
+    :meth:`EndpointJournal.record` with ``durable=True`` returns only after the line is on disk:
+    after an ``fsync`` that began once the line was written completed successfully.  Concurrent
+    writers share one fsync (group commit: one of them fsyncs for all, the others wait for it,
+    at most ``SYNC_WAIT`` seconds); a failed fsync fails every writer whose record it covered,
+    with JournalError.  Intents that recovery
     cannot reconstruct from the server (a handler's result, the names a send is about to write)
     are written durably *before* the remote write.
 
@@ -66,6 +69,8 @@ from ftpbc.stamps import WholeSeconds
 log = logging.getLogger(__name__)
 
 COMPACT_EVERY = 2000
+#: seconds a durable writer waits for an fsync another writer runs (JournalError after)
+SYNC_WAIT = 60.0
 INLINE_RESULT_LIMIT = 64 * 1024
 _NAMESPACE = uuid.UUID("6f0a2f4e-8a53-4e0c-9a57-5f4d7c0b7e21")
 
@@ -377,15 +382,21 @@ class EndpointJournal:
         self.durable = durable
         self.results_dir = path.parent / "results"
         self._lock = threading.Lock()
-        # Group commit: records are appended under _lock, fsyncs happen under _sync_lock, outside
-        # _lock, so writers queue behind a running fsync only if they need one, and one fsync
-        # covers every record written before it started.  Compaction (which swaps the file) takes
-        # both, _sync_lock first, so no fsync ever runs on a file being replaced.
-        self._sync_lock = threading.Lock()
+        # Group commit (see _sync_through): records are appended under _lock; one writer at a
+        # time, the leader, fsyncs outside it while the others wait on _synced_cond for an fsync
+        # that covers their batch.  Compaction (which swaps the file) runs only under _lock and
+        # while no fsync runs (_syncing), so no fsync ever runs on a file being replaced.
+        self._synced_cond = threading.Condition(self._lock)
+        self._syncing = False
+        #: batches appended, and the last one an fsync made durable (batch sequence numbers)
         self._written = 0
         self._synced = 0
-        #: batches an fsync failed to make durable, as ``(synced before, written through)``
-        self._unsynced: list[tuple[int, int]] = []
+        #: batches an fsync failed to make durable, as ``(synced before, written through, why)``
+        self._unsynced: list[tuple[int, int, str]] = []
+        #: fsyncs of the journal file started for writers (the group commit's counter)
+        self.fsyncs = 0
+        #: how long a writer waits for another writer's fsync to cover its batch
+        self.sync_wait = SYNC_WAIT
         #: why no record is appended any more (the file may end in bytes that could not be cut)
         self._broken: str | None = None
         #: what start-up could not put right, for :func:`journal_problems`
@@ -537,17 +548,15 @@ class EndpointJournal:
             for op_id, event, fields in records:
                 self._apply(op_id, event, dict(fields))
             # Only a batch that ended operations can leave nothing pending or make compaction
-            # due; any other skips the two locks below (every record of every message).
+            # due; any other skips taking the lock again below (every record of every message).
             due = not self._pending or self._ended_since_compaction >= COMPACT_EVERY
         if durable and self.durable:
             self._sync_through(seq)
-        # Compaction is housekeeping: skip it while an fsync runs rather than wait for it.
-        if due and self._sync_lock.acquire(blocking=False):
-            try:
-                with self._lock:
+        if due:
+            # Compaction is housekeeping: skipped while an fsync runs rather than waited for.
+            with self._lock:
+                if not self._syncing:
                     self._maybe_compact()
-            finally:
-                self._sync_lock.release()
         return seq
 
     def wait_durable(self, seq: int) -> None:
@@ -571,30 +580,64 @@ class EndpointJournal:
             self._refuse(f"a failed append could not be cut back to offset {self._size}: {exc.strerror}")
 
     def _sync_through(self, seq: int) -> None:
-        """Return once record batch ``seq`` (and every one before it) is on disk.
+        """Return once record batch ``seq`` (and every one before it) is on disk: group commit.
 
-        JournalError if an fsync covering it failed, for every writer whose batch it covered,
-        also for one that asks again later: Linux may drop the pages it could not write and
-        report that once, so a later fsync that succeeds says nothing about them.  Batches
-        written after a failed fsync are made durable by the next one as usual.
+        A writer whose batch is not yet durable either becomes the leader, when no fsync runs:
+        it fsyncs for every batch appended so far, its own and those of writers waiting; or it
+        waits (on a condition, at most :attr:`sync_wait` seconds) for the running fsync and then
+        looks again, leading the next one if the running one started before its batch was
+        appended.  So a caller returns only after an fsync that began after its batch was
+        written completed successfully; concurrent writers share one fsync.
+
+        JournalError if an fsync covering the batch failed, for every writer whose batch it
+        covered, also for one that asks again later: Linux may drop the pages it could not write
+        and report that once, so a later fsync that succeeds says nothing about them.  Batches
+        written after a failed fsync are made durable by the next one as usual.  JournalError too
+        when no fsync covering the batch completed within :attr:`sync_wait` (a disk or NFS mount
+        that hangs): the batch is then of unknown durability, and said to have failed.  Not
+        bounded: the leader's own fsync, a system call that cannot be interrupted.
         """
-        with self._sync_lock:
-            if any(after < seq <= through for after, through in self._unsynced):
-                raise JournalError(f"{self.path}: cannot sync journal: an fsync of this record failed")
-            if self._synced >= seq:
-                return  # an fsync that started after our write already covered it
+        deadline = time.monotonic() + self.sync_wait
+        with self._lock:
+            while True:
+                for after, through, why in self._unsynced:
+                    if after < seq <= through:
+                        raise JournalError(f"{self.path}: cannot sync journal: an fsync of this "
+                                           f"record failed ({why})")
+                if self._synced >= seq:
+                    return  # an fsync that started after our write covered it
+                if not self._syncing:
+                    break  # lead the next fsync
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise JournalError(f"{self.path}: cannot sync journal: no fsync covering this "
+                                       f"record finished within {self.sync_wait:g} s")
+                self._synced_cond.wait(left)
+            self._syncing = True
+            before = self._synced
+            target = self._written
+            fd = self._fh.fileno()
+            self.fsyncs += 1
+        failed: OSError | None = None
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            failed = exc
+        finally:
             with self._lock:
-                target = self._written
-                fd = self._fh.fileno()
-            try:
-                os.fsync(fd)
-            except OSError as exc:
-                if self._unsynced and self._unsynced[-1][0] == self._synced:
-                    self._unsynced[-1] = (self._synced, target)  # the same gap, grown
+                self._syncing = False
+                if failed is None:
+                    self._synced = target
                 else:
-                    self._unsynced.append((self._synced, target))
-                raise JournalError(f"{self.path}: cannot sync journal: {exc.strerror}") from None
-            self._synced = target
+                    why = failed.strerror or str(failed)
+                    last = self._unsynced[-1] if self._unsynced else None
+                    if last is not None and last[0] == before:
+                        self._unsynced[-1] = (before, target, why)  # the same gap, grown
+                    else:
+                        self._unsynced.append((before, target, why))
+                self._synced_cond.notify_all()
+        if failed is not None:
+            raise JournalError(f"{self.path}: cannot sync journal: {failed.strerror}") from None
 
     def end(self, op_id: str) -> None:
         """The operation is complete; its records (and a side file of its result) may go."""
@@ -617,20 +660,16 @@ class EndpointJournal:
         which recovery re-checks like any lost end record.  Skipped while an fsync runs (see
         compaction): then the end record is appended as usual.
         """
-        if not self._sync_lock.acquire(blocking=False):
-            return False
-        try:
-            with self._lock:
-                if len(self._pending) != 1 or op_id not in self._pending or self._broken is not None:
-                    return False
-                self._apply(op_id, "end", {})
-                self._maybe_compact()
-                return self._size == 0  # else the end record is appended after all
-        finally:
-            self._sync_lock.release()
+        with self._lock:
+            if (self._syncing or len(self._pending) != 1 or op_id not in self._pending
+                    or self._broken is not None):
+                return False
+            self._apply(op_id, "end", {})
+            self._maybe_compact()
+            return self._size == 0  # else the end record is appended after all
 
     def _maybe_compact(self) -> None:
-        """Compact if due (under both locks).  Housekeeping: a compaction that fails (a full
+        """Compact if due (under ``_lock``, no fsync running).  Housekeeping: a compaction that fails (a full
         disk) is logged and leaves every record in the file, to be tried again after as many
         ended operations; a journal refusing records is left as it is."""
         if self._broken is not None:
