@@ -16,21 +16,29 @@ holds a file ``endpoint`` with the endpoint's name, for operators and ``ftpbc se
 
 Guarantees of :meth:`SequenceStore.next`:
 
-* one increment is serialised across threads (a lock per file in this process) and processes or
-  nodes (``flock`` on ``<file>~lock`` through filelock, which NFS turns into a POSIX byte-range
-  lock served by lockd or NFSv4: without working locks two nodes can hand out the same value);
+* increments are serialised across threads and processes or nodes (``flock`` on
+  ``<file>~lock`` through filelock, which NFS turns into a POSIX byte-range lock served by lockd
+  or NFSv4: without working locks two nodes can hand out the same value);
+* draws of one file that wait at the same moment in one process are carried out together, as a
+  batch (group commit): one thread takes the lock, reads ``v``, writes ``v + n`` and hands the
+  ``n`` waiting threads ``v`` .. ``v + n - 1``, in the order they asked.  So every value is
+  still drawn while its caller waits, values are handed out in the order of the writes that
+  reserved them, across threads, processes and nodes, and none is skipped without a failure;
 * the new value is written to ``<file>~tmp``, fsynced, renamed over the file and the directory
-  fsynced before the old value is returned, so a crash at any point leaves the old or the new
-  value, never an empty or torn file, and (with ``durable=True``) a value once returned is never
-  returned again, even after a power loss;
-* a file that does not hold a number raises :class:`SequenceError` naming it: never a reset.
+  fsynced before any value of the batch is returned, so a crash at any point leaves the old or
+  the new value, never an empty or torn file, and (with ``durable=True``) a value once returned
+  is never returned again, even after a power loss;
+* a file that does not hold a number raises :class:`SequenceError` naming it: never a reset;
+* a thread waits for another process's lock at most ``lock_timeout``, and for the batches of
+  other threads of its process at most ``2 * lock_timeout`` plus ten seconds (SequenceError).
 
 Every directory, sequence, lock and temporary file is created private to the node's user
 (``0700``/``0600`` whatever the umask: :mod:`ftpbc.private_files`).
 
-Not guaranteed: values drawn by two sequences in one name are not taken atomically together; a
-process killed after the rename but before using its value leaves a gap (values are unique, not
-necessarily all used).
+Not guaranteed: values drawn by two sequences in one name are not taken atomically together;
+gaps are allowed, duplicates never: a process killed after the rename but before using its
+values (a whole batch's), a batch whose write failed after the rename, or a thread that gave up
+waiting for its batch leaves values never used (values are unique, not necessarily all used).
 
 Cluster-wide sequences elsewhere: a store built with ``shared=`` (a :class:`SharedSequences`)
 hands ``%{0}``-``%{9}`` and ``%{name}`` to it and keeps only ``%0``-``%9`` in ``local_dir``.
@@ -43,6 +51,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -66,6 +75,9 @@ _ENDPOINT_NAME_FILE = "endpoint"
 _LOCK_SUFFIX = "~lock"
 _TMP_SUFFIX = "~tmp"
 _MAX_FILE_BYTES = 64
+#: seconds a batch's reads, writes and fsyncs may take, beyond its lock wait, before the threads
+#: waiting for it give up (see SequenceStore._update)
+_IO_ALLOWANCE = 10.0
 
 
 def check_sequence_name(name: str) -> str:
@@ -119,19 +131,63 @@ class SharedSequences(Protocol):
         """Where the sequence lives (for ``ftpbc seq show``)."""
 
 
+@dataclass(eq=False)
+class _Ticket:
+    """One thread's draw (``set_to`` None) or set, waiting for a batch to carry it out."""
+
+    set_to: int | None
+    durable: bool
+    #: the value the sequence held before the batch: what a draw yields
+    value: int | None = None
+    #: in a batch being carried out (no longer in the queue)
+    taken: bool = False
+    error: SequenceError | None = None
+    done: bool = False
+
+
+class _Group:
+    """The draws and sets of one sequence file waiting in this process.
+
+    One waiting thread at a time, the leader, takes the queue's head as a batch (every draw up
+    to the next set, or one set), runs it under the file lock and answers each ticket of it;
+    the others wait on ``cond`` for their answer or their turn to lead.  The queue holds at most
+    one ticket per waiting thread.
+    """
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        self.queue: list[_Ticket] = []
+        self.busy = False
+
+    def take(self) -> list[_Ticket]:
+        """The next batch, removed from the queue (under ``cond``)."""
+        if self.queue[0].set_to is not None:
+            batch = self.queue[:1]
+        else:
+            n = next((i for i, t in enumerate(self.queue) if t.set_to is not None), len(self.queue))
+            batch = self.queue[:n]
+        del self.queue[:len(batch)]
+        return batch
+
+
+#: the tickets one leader carries out together (a module name: SequenceStore has a ``list`` method)
+_Batch = list[_Ticket]
+_Values = list[int]
+
+
 class _PathLocks:
-    """One (thread lock, FileLock) pair per sequence file, for the whole process."""
+    """One (group of waiting draws, FileLock) pair per sequence file, for the whole process."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._locks: dict[str, tuple[threading.Lock, FileLock]] = {}
+        self._locks: dict[str, tuple[_Group, FileLock]] = {}
 
-    def get(self, path: Path, timeout: float) -> tuple[threading.Lock, FileLock]:
+    def get(self, path: Path, timeout: float) -> tuple[_Group, FileLock]:
         key = str(path)
         with self._guard:
             pair = self._locks.get(key)
             if pair is None:
-                # thread_local=False: the thread lock already gives one thread at a time the object.
+                # thread_local=False: only a group's leader, one thread at a time, takes it.
                 # fallback_to_soft=False: a "soft" existence lock would outlive a SIGKILLed holder.
                 # A short poll keeps waiting processes close behind the holder (filelock polls).
                 # mode: created 0600 whatever the umask (filelock fchmods a file it creates);
@@ -139,12 +195,12 @@ class _PathLocks:
                 flock = FileLock(f"{key}{_LOCK_SUFFIX}", timeout=timeout, thread_local=False,
                                  poll_interval=0.0005, fallback_to_soft=False, mode=FILE_MODE)
                 tighten(Path(f"{key}{_LOCK_SUFFIX}"), FILE_MODE)
-                pair = (threading.Lock(), flock)
+                pair = (_Group(), flock)
                 self._locks[key] = pair
             return pair
 
     def reset(self) -> None:
-        # A forked child must not inherit a thread lock some other parent thread held at fork time.
+        # A forked child must not inherit a group some other parent thread was leading at fork time.
         self._guard = threading.Lock()
         self._locks = {}
 
@@ -288,24 +344,104 @@ class SequenceStore:
             return value
 
     def _update(self, kind: SequenceKind, endpoint: str | None, key: str, new: int | None) -> int:
-        """Under both locks: read, write ``new`` (or read + 1), return what was read."""
+        """Draw (``new`` None: the file's value, the file then holding one more) or set ``new``
+        (the value it replaced); what is returned was on disk before, its successor after.
+
+        Concurrent draws of one file in this process share one batch: one lock take, one read,
+        one write and its fsyncs for all of them, each handed its own value of the block the
+        batch wrote past.  A thread waits for other threads' batches at most ``2 * lock_timeout``
+        plus :data:`_IO_ALLOWANCE` seconds (SequenceError after, and a value its batch drew
+        meanwhile is skipped, never handed out).
+        """
         path = self._path(kind, endpoint, key)
-        thread_lock, file_lock = _LOCKS.get(path, self.lock_timeout)
-        with thread_lock:
-            self._ensure_dir(path.parent, endpoint if kind != "global" else None)
+        group, file_lock = _LOCKS.get(path, self.lock_timeout)
+        ticket = _Ticket(new, self.durable)
+        wait = 2 * self.lock_timeout + _IO_ALLOWANCE
+        deadline = time.monotonic() + wait
+        with group.cond:
+            group.queue.append(ticket)
+        while True:
+            with group.cond:
+                while (group.busy or ticket.taken) and not ticket.done:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        if not ticket.taken:
+                            group.queue.remove(ticket)
+                        raise SequenceError(
+                            f"{path}: no draw finished within {wait:g} s (another thread of this "
+                            "process holds the sequence: its lock or its disk is stuck)"
+                            + ("; the value drawn for this call is skipped" if ticket.taken else ""))
+                    group.cond.wait(left)
+                if ticket.done:
+                    if ticket.error is not None:
+                        raise ticket.error
+                    assert ticket.value is not None
+                    return ticket.value
+                batch = group.take()  # this thread leads the next batch
+                for t in batch:
+                    t.taken = True
+                group.busy = True
+            self._lead(group, path, kind, endpoint, file_lock, batch)
+
+    def _lead(self, group: _Group, path: Path, kind: SequenceKind, endpoint: str | None,
+              file_lock: FileLock, batch: _Batch) -> None:
+        """Carry out ``batch`` and answer every ticket of it, also when it fails (each then gets
+        the same SequenceError; another exception is re-raised after).
+
+        The group is free for the next batch as soon as the file lock is released, before the
+        directory fsync that makes this batch's rename durable: the next batch reads the value
+        this one wrote and its own directory fsync covers both renames, and no value of this
+        batch is handed out before this batch's directory fsync completed.
+        """
+        error: SequenceError | None = None
+        values: _Values = []
+        durable = any(t.durable for t in batch)
+        try:
             try:
-                file_lock.acquire()
-            except Timeout:
-                raise SequenceError(f"{path}: could not lock {path}{_LOCK_SUFFIX} within "
-                                    f"{self.lock_timeout:g} s (another process holds it)") from None
-            except OSError as exc:
-                raise SequenceError(f"{path}: cannot lock: {exc.strerror or exc}") from None
-            try:
-                current = _read_value(path)
-                self._write(path, current + 1 if new is None else new)
-                return current
+                values = self._reserve(path, kind, endpoint, file_lock, batch, durable)
+            except SequenceError as exc:
+                error = exc
             finally:
-                file_lock.release()
+                with group.cond:
+                    group.busy = False
+                    group.cond.notify_all()
+            if error is None and durable:
+                try:
+                    # Without this the rename may be lost on power failure and the old value
+                    # come back.
+                    _fsync_dir(path.parent)
+                except OSError as exc:
+                    error = SequenceError(f"{path}: cannot write sequence: {exc.strerror or exc}")
+        except BaseException as exc:
+            error = SequenceError(f"{path}: the draw failed: {exc!r}")
+            raise
+        finally:
+            # A batch that failed after its rename leaves its values unused: a gap, never a repeat.
+            with group.cond:
+                for i, t in enumerate(batch):
+                    t.value, t.error = (values[i], None) if error is None else (None, error)
+                    t.done = True
+                group.cond.notify_all()
+
+    def _reserve(self, path: Path, kind: SequenceKind, endpoint: str | None, file_lock: FileLock,
+                 batch: _Batch, durable: bool) -> _Values:
+        """Under the file lock: read the value, write past ``batch``'s draws (or its set) and
+        rename it over; the values of ``batch``, in order."""
+        self._ensure_dir(path.parent, endpoint if kind != "global" else None)
+        try:
+            file_lock.acquire()
+        except Timeout:
+            raise SequenceError(f"{path}: could not lock {path}{_LOCK_SUFFIX} within "
+                                f"{self.lock_timeout:g} s (another process holds it)") from None
+        except OSError as exc:
+            raise SequenceError(f"{path}: cannot lock: {exc.strerror or exc}") from None
+        try:
+            current = _read_value(path)
+            set_to = batch[0].set_to
+            self._write(path, current + len(batch) if set_to is None else set_to, durable)
+        finally:
+            file_lock.release()
+        return [current] if set_to is not None else list(range(current, current + len(batch)))
 
     def _ensure_dir(self, directory: Path, endpoint: str | None) -> None:
         if directory in self._made_dirs:
@@ -322,19 +458,16 @@ class SequenceStore:
             raise SequenceError(f"{directory}: cannot create sequence directory: "
                                 f"{exc.strerror or exc}") from None
 
-    def _write(self, path: Path, value: int) -> None:
+    def _write(self, path: Path, value: int, durable: bool) -> None:
         tmp = path.with_name(path.name + _TMP_SUFFIX)
         try:
             fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
             try:
                 os.write(fd, f"{value}\n".encode("ascii"))
-                if self.durable:
+                if durable:
                     os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, path)
-            if self.durable:
-                # Without this the rename may be lost on power failure and the old value come back.
-                _fsync_dir(path.parent)
+            os.replace(tmp, path)  # the directory is fsynced by the caller, after the lock
         except OSError as exc:
             raise SequenceError(f"{path}: cannot write sequence: {exc.strerror or exc}") from None
