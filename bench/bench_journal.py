@@ -8,12 +8,20 @@ Durable on means every journal record that announces a remote write is fsynced f
 clients); off means the records are still written, just not fsynced.
 
     python3 bench/bench_journal.py --requests 1000 --rounds 3
+
+``--alone SECONDS`` measures the journal by itself instead: ``--threads`` threads each writing
+durable records to one endpoint journal (group commit), then the same records not fsynced, the
+rounds interleaved; it prints records/s, fsyncs per record (a wrapper around ``os.fsync``) and
+the ratio to the unsynced rate, and writes ``bench/results/journal_alone.json``.
+
+    python3 bench/bench_journal.py --alone 3 --threads 8 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import statistics
 import sys
@@ -26,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ftpbc.client import Client
 from ftpbc.embedded import EmbeddedFTPServer
+from ftpbc.journal import Journal
 from tests.chaos import ENDPOINT, NodeProcess, load_client_config, make_cluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "journal.json"
@@ -81,13 +90,83 @@ def one_run(work: Path, srv: EmbeddedFTPServer, password: str, *, durable: bool,
         node.stop()
 
 
+def journal_alone(work: Path, *, durable: bool, threads: int, seconds: float) -> dict[str, float]:
+    """Records/s and fsyncs per record of ``threads`` threads writing to one endpoint journal."""
+    journal = Journal(work / f"j-{secrets.token_hex(4)}", "bench", durable=durable)
+    ep = journal.endpoint("bench")
+    real = os.fsync
+    fsyncs = [0]
+
+    def counting(fd: int) -> None:
+        fsyncs[0] += 1
+        real(fd)
+
+    counts = [0] * threads
+    barrier = threading.Barrier(threads + 1)
+
+    def writer(k: int) -> None:
+        barrier.wait()
+        deadline = time.perf_counter() + seconds
+        i = 0
+        while time.perf_counter() < deadline:
+            op_id = f"{k}.{i}.send"
+            # an intent that stays pending: no compaction or truncation in the way
+            ep.record(op_id, "send", durable=True, kind="request", stage=f"/q/instage/req.{op_id}~n",
+                      target=f"/q/inbox/req.{op_id}")
+            i += 1
+        counts[k] = i
+
+    os.fsync = counting  # type: ignore[assignment]
+    try:
+        pool = [threading.Thread(target=writer, args=(k,)) for k in range(threads)]
+        for t in pool:
+            t.start()
+        barrier.wait()
+        started = time.perf_counter()
+        for t in pool:
+            t.join()
+        elapsed = time.perf_counter() - started
+    finally:
+        os.fsync = real
+        journal.close()
+    records = sum(counts)
+    return {"records_per_s": records / elapsed, "fsyncs_per_record": fsyncs[0] / max(records, 1)}
+
+
+def alone_main(args: argparse.Namespace) -> None:
+    runs: dict[str, list[dict[str, float]]] = {"durable": [], "not_durable": []}
+    with tempfile.TemporaryDirectory(dir=RESULTS.parent if RESULTS.parent.is_dir() else None) as tmp:
+        for r in range(args.rounds):
+            for durable in (True, False) if r % 2 == 0 else (False, True):
+                run = journal_alone(Path(tmp), durable=durable, threads=args.threads, seconds=args.alone)
+                runs["durable" if durable else "not_durable"].append(run)
+                print(f"round {r + 1}: durable={durable}: {run['records_per_s']:.0f} records/s, "
+                      f"{run['fsyncs_per_record']:.2f} fsyncs a record", flush=True)
+    on = statistics.median(x["records_per_s"] for x in runs["durable"])
+    off = statistics.median(x["records_per_s"] for x in runs["not_durable"])
+    per = statistics.median(x["fsyncs_per_record"] for x in runs["durable"])
+    result = {"threads": args.threads, "seconds": args.alone, "rounds": args.rounds,
+              "durable_records_per_s": round(on), "not_durable_records_per_s": round(off),
+              "fsyncs_per_durable_record": round(per, 3), "durable_over_not_durable": round(on / off, 3),
+              "load": os.getloadavg()[0]}
+    (RESULTS.parent / "journal_alone.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--alone", type=float, default=0.0, metavar="SECONDS",
+                    help="measure the journal alone for SECONDS a run (no server, no node)")
+    ap.add_argument("--threads", type=int, default=8, help="writer threads with --alone")
     args = ap.parse_args()
+    if args.alone > 0:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        alone_main(args)
+        return
     password = secrets.token_urlsafe(12)
     rates: dict[str, list[float]] = {"durable": [], "not_durable": []}
     with tempfile.TemporaryDirectory() as tmp:

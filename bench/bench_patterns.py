@@ -3,9 +3,11 @@
 
 Every expansion draws a UUID, formats a date run and increments one shared sequence file under
 its file lock (fsync + rename + directory fsync).  Also measured: the same with ``durable=False``
-(no fsync), expansion without a sequence, and ``match`` on the names produced.
+(no fsync), expansion without a sequence, ``match`` on the names produced, and the durable
+sequence from 4 processes of ``--threads`` threads each (draws of one process waiting at the same
+moment share one lock and fsync: a node's workers naming files at once).
 
-    python3 bench/bench_patterns.py [--seconds 3] [--dir DIR]
+    python3 bench/bench_patterns.py [--seconds 3] [--threads 8] [--dir DIR]
 
 Prints a table and writes bench/results/patterns.json.  DIR (default: a temporary directory under
 bench/results) must be on the disk you want to measure: /tmp may be tmpfs.
@@ -21,6 +23,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,30 +36,44 @@ from ftpbc.sequences import SequenceStore
 PATTERN = "req.%u.%y%y%y%y%M%M%d%d-%H%H%m%m%s%s.%{bench}"
 NO_SEQ = "req.%u.%y%y%y%y%M%M%d%d-%H%H%m%m%s%s"
 RESULTS = Path(__file__).resolve().parent / "results"
+#: durable cluster-wide draws a second aimed at
+AIM = 2000
 
 
-def _worker(text: str, directory: str, durable: bool, seconds: float, start: Any, out: Any) -> None:
+def _worker(text: str, directory: str, durable: bool, seconds: float, threads: int, start: Any,
+            out: Any) -> None:
     pattern = Pattern.parse(text)
     store = SequenceStore(f"{directory}/local", f"{directory}/shared", durable=durable)
     ctx = ExpandContext(endpoint="bench", store=store)
+    counts = [0] * threads
+    values: list[list[int]] = [[] for _ in range(threads)]
+
+    def draw(k: int, deadline: float) -> None:
+        while time.perf_counter() < deadline:
+            made = pattern.expand(ctx)
+            counts[k] += 1
+            if "%{bench}" in made.values:
+                values[k].append(int(made.values["%{bench}"]))
+
     start.wait()
     deadline = time.perf_counter() + seconds
-    count = 0
-    values: list[int] = []
-    while time.perf_counter() < deadline:
-        made = pattern.expand(ctx)
-        count += 1
-        if "%{bench}" in made.values:
-            values.append(int(made.values["%{bench}"]))
-    out.put((count, values))
+    if threads == 1:
+        draw(0, deadline)
+    else:
+        pool = [threading.Thread(target=draw, args=(k, deadline)) for k in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+    out.put((sum(counts), [v for vs in values for v in vs]))
 
 
 def expansions_per_second(text: str, directory: str, processes: int, durable: bool,
-                          seconds: float) -> dict[str, Any]:
+                          seconds: float, threads: int = 1) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     start = ctx.Barrier(processes + 1)
     out = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(text, directory, durable, seconds, start, out))
+    procs = [ctx.Process(target=_worker, args=(text, directory, durable, seconds, threads, start, out))
              for _ in range(processes)]
     for p in procs:
         p.start()
@@ -70,7 +87,10 @@ def expansions_per_second(text: str, directory: str, processes: int, durable: bo
     drawn = sorted(v for _, vs in results for v in vs)
     # every value distinct: the lock held under contention
     assert len(drawn) == len(set(drawn)), "a sequence value was drawn twice"
-    return {"pattern": text, "processes": processes, "durable": durable, "expansions": total,
+    # and consecutive: a draw that returned is never skipped without a crash
+    assert not drawn or drawn == list(range(drawn[0], drawn[0] + len(drawn))), "a value was skipped"
+    return {"pattern": text, "processes": processes, "threads": threads, "durable": durable,
+            "expansions": total,
             "seconds": round(elapsed, 3), "per_second": round(total / elapsed)}
 
 
@@ -90,6 +110,8 @@ def match_per_second(seconds: float) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--threads", type=int, default=8,
+                        help="threads per process of the threaded row (default 8)")
     parser.add_argument("--dir", default=None, help="where the sequence files go")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -100,15 +122,27 @@ def main() -> None:
             for processes in (1, 4):
                 directory = tempfile.mkdtemp(dir=base)
                 rows.append(expansions_per_second(text, directory, processes, durable, args.seconds))
+        if args.threads > 1:
+            for durable in (True, False):
+                directory = tempfile.mkdtemp(dir=base)
+                rows.append(expansions_per_second(PATTERN, directory, 4, durable, args.seconds,
+                                                  args.threads))
         matching = match_per_second(args.seconds)
     finally:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
-    print(f"{'pattern':<50} {'procs':>5} {'fsync':>5} {'expansions/s':>13}")
+    print(f"{'pattern':<50} {'procs':>5} {'thr':>3} {'fsync':>5} {'expansions/s':>13}")
     for r in rows:
-        print(f"{r['pattern']:<50} {r['processes']:>5} {'yes' if r['durable'] else 'no':>5} "
-              f"{r['per_second']:>13,}")
+        print(f"{r['pattern']:<50} {r['processes']:>5} {r['threads']:>3} "
+              f"{'yes' if r['durable'] else 'no':>5} {r['per_second']:>13,}")
     print(f"match() on the names above: {matching['per_second']:,} names/s (1 process)")
+    rate = {(r["processes"], r["threads"], r["durable"]): r["per_second"] for r in rows
+            if r["pattern"] == PATTERN}
+    for procs, threads in sorted({(p, t) for p, t, _ in rate}):
+        on, off = rate.get((procs, threads, True)), rate.get((procs, threads, False))
+        if on is not None and off:
+            print(f"durable %{{bench}}, {procs} x {threads} thread(s): {on / AIM:.2f} of the aim "
+                  f"({AIM:,}/s), {on / off:.2f} of the same without fsync")
     report = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                           "system": platform.platform()},
               "directory": base, "expand": rows, "match": matching}

@@ -325,7 +325,9 @@ def other_rows(others: list[dict[str, Any]], workdir: Path) -> list[dict[str, An
 
     if ran.get("bench_patterns.py", {}).get("status") == "ok" and (pat := load(RESULTS / "patterns.json")):
         seq = {(r["processes"], r["durable"]): r["per_second"] for r in pat.get("expand", [])
-               if "%{" in r["pattern"]}
+               if "%{" in r["pattern"] and r.get("threads", 1) == 1}
+        threaded = [r for r in pat.get("expand", []) if "%{" in r["pattern"] and r["durable"]
+                    and r.get("threads", 1) > 1]
         one, four = seq.get((1, True)), seq.get((4, True))
         if one is not None:
             best = max(x for x in (one, four) if x is not None)
@@ -333,6 +335,12 @@ def other_rows(others: list[dict[str, Any]], workdir: Path) -> list[dict[str, An
                          "(expansions/s), 1 / 4 processes", "values": [one, four], "peer": "aim",
                          "peer_values": [2000], "result": f"{best / 2000:.2f} of the aim",
                          "target": "ratio>=1.0 (2,000/s)", "met": best >= 2000})
+        for r in threaded:
+            rows.append({"server": "local disk", "label": "shared sequence %{name}, durable increments "
+                         f"(expansions/s), {r['processes']} processes x {r['threads']} threads",
+                         "values": [r["per_second"]], "peer": "aim", "peer_values": [2000],
+                         "result": f"{r['per_second'] / 2000:.2f} of the aim",
+                         "target": "ratio>=1.0 (2,000/s)", "met": r["per_second"] >= 2000})
         fast = [seq.get((1, False)), seq.get((4, False))]
         if None not in fast:
             rows.append({"server": "local disk", "label": "shared sequence, fsync off (expansions/s), "

@@ -238,7 +238,8 @@ class SequenceStore:
 
     ``durable=False`` skips the fsyncs: a process crash still leaves the old or the new value, but
     a power loss may bring back an old value (for benchmarks and throwaway setups only).
-    ``lock_timeout`` bounds the wait for another process's lock (SequenceError after it).
+    ``lock_timeout`` bounds the wait for another process's lock (SequenceError after it), and,
+    doubled plus ten seconds, a thread's wait for the batches of other threads of this process.
     ``shared``: keep the cluster-wide kinds there instead of in ``shared_dir``.
     """
 
