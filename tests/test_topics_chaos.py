@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import random
 import re
+import subprocess
+import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -22,6 +24,7 @@ import yaml
 from ftpbc.client import Client
 from tests.chaos import (
     PASSWORD_ENV,
+    REPO,
     Cluster,
     Nemesis,
     NodeProcess,
@@ -160,6 +163,29 @@ def test_a_recovery_killed_while_rolling_a_fan_out_forward_is_finished_by_the_ne
     publish(cluster, MESSAGES, SUBS)
     crashed_then_recovered(cluster, "fanout.after-first-expose", recovery_crash=recovery_point)
     assert {s: bodies(cluster, s) for s in SUBS} == EXPECTED
+    assert leftovers(cluster, list(SUBS)) == {}
+    assert cluster.pending() == {}
+
+
+def test_a_fan_out_left_to_recovery_never_takes_the_copies_of_the_next_one(crash_handle: ServerHandle,
+                                                                           tmp_path: Path) -> None:
+    """One node fans a message out twice: the first fan-out's rollback failed (its staging
+    record left to recovery, the claim given back), the second, of the message claimed again,
+    is killed after its commit record.  Recovery rolls the first back and the second forward:
+    each matching subscription gets the message once, whatever the order it takes them in."""
+    cluster = make_topic_cluster(crash_handle, tmp_path / "w", SUBS, workers=1)
+    publish(cluster, {b"eu-1": {"properties": {"region": "eu"}}}, SUBS)
+    out = subprocess.run([sys.executable, "-m", "tests.fanout_twice", cluster.to_json(), TOPIC], cwd=REPO,
+                         env=cluster.env("n0", "fanout.after-commit-record"), capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert out.returncode == -9, out.stdout + out.stderr
+    assert [events[-1] for events in tx_ops(cluster, "n0")] == ["staging", "commit"], cluster.pending()
+    out = run_cli(cluster, "recover", node_id="n0")
+    assert out.returncode == 0, out.stderr
+    assert "committed: rolled forward, 2 of 2 member(s) exposed now" in out.stdout, out.stdout
+    assert {s: bodies(cluster, s) for s in SUBS} == {"all": Counter([b"eu-1"]), "eu": Counter([b"eu-1"]),
+                                                     "us": Counter()}
+    assert len(cluster.files("incoming/inarchive")) == 1
     assert leftovers(cluster, list(SUBS)) == {}
     assert cluster.pending() == {}
 

@@ -41,7 +41,7 @@ from ftpbc.config.topics import (
     check_subscription_name,
 )
 from ftpbc.errors import ConfigError, FtpbcError, NotFound, ReadPastSize, SelectorError
-from ftpbc.exchange.area import ExchangeArea, claim_name
+from ftpbc.exchange.area import CLAIM_SEPARATOR, ExchangeArea, claim_name
 from ftpbc.exchange.bounds import BoundedSink
 from ftpbc.exchange.layout import AreaLayout, Candidate, Outbound
 from ftpbc.exchange.lifecycle import Claimed
@@ -57,6 +57,8 @@ log = logging.getLogger("ftpbc.topics")
 MAX_MARKER_BYTES = 64 * 1024
 #: subscriptions a topic may have; markers beyond are logged and ignored
 MAX_SUBSCRIPTIONS = 1000
+#: hex digits of its transaction's id in a fan-out copy's stage name (``<name>~<token>~<node>``)
+STAGE_TOKEN = 12
 
 
 class UnknownSubscription(FtpbcError):
@@ -434,13 +436,18 @@ def fan_out(runtime: Runtime, topic: str, claimed: Claimed, body: bytes | Binary
     fanout_dir = runtime.config.topics[topic].fanout_dir
     chosen = [t.subscription for t in targets if t.accepts(claimed.candidate)]
     tx = Transaction(runtime, points="fanout")
+    # The transaction's own token in every stage name: a node may fan one message out twice (a
+    # fan-out left to recovery, its claim given back and taken again), and what recovery or an
+    # undo removes of one must never be the other's copies.
+    token = tx.id.replace("-", "")[:STAGE_TOKEN]
     try:
         copies = []
         for sub in chosen:
             sub_layout = runtime.lifecycle(sub.endpoint).layout
             assert isinstance(sub_layout, AreaLayout)
             name = copy_name(sub_layout, claimed.candidate)
-            stage = f"{fanout_dir}/{sub.name}/{claim_name(name, runtime.node_id)}"
+            staged = claim_name(f"{name}{CLAIM_SEPARATOR}{token}", runtime.node_id)
+            stage = f"{fanout_dir}/{sub.name}/{staged}"
             copies.append((sub.endpoint, Outbound(sub_layout.box_path(name), stage)))
         tx.stage_copies(copies, body, uid=claimed.uuid)
         crash_point("fanout.after-stage")
