@@ -20,8 +20,7 @@ from ftpbc.errors import ConfigError
 from ftpbc.exchange.layout import KEY_PREFIX, AreaLayout, Direction, PartnerLayout
 from ftpbc.exchange.lifecycle import Lifecycle
 from ftpbc.exchange.policy import QueuePolicy
-from ftpbc.exchange.recovery import Action, recover_orphans, recover_pending
-from ftpbc.exchange.transaction import TX_KEY, open_transactions, recover_transactions
+from ftpbc.exchange.recovery import Action, RecoveryLock, recover_node
 from ftpbc.journal import Journal
 from ftpbc.model.headers import Headers, Kind, MessageOptions
 from ftpbc.patterns import ExpandContext, Pattern
@@ -237,7 +236,7 @@ class Runtime:
 
         With ``orphans``, every configured endpoint's and transfer's select and stage
         directories are then searched for files of this node that no journal record accounts
-        for (see :func:`~ftpbc.exchange.recovery.recover_orphans`).  Only the first opener of
+        for (see :func:`~ftpbc.exchange.recovery.recover_node`).  Only the first opener of
         this node's journal in the process recovers: a Client started beside a Node of the same
         id must not undo the Node's work in progress.
         """
@@ -247,40 +246,26 @@ class Runtime:
                      self.node_id)
             return actions
         config = self.config
-        # Transactions first: a committed one's members are rolled forward and their sends
-        # ended before the endpoints' pass, which would roll an unended one back.
-        actions.extend(recover_transactions(self.journal, self._inbound))
-        held = open_transactions(self.journal)
-        for key, ops in self.journal.all_pending().items():
-            if key == TX_KEY:
-                continue  # reported above
-            group = self._group(key)
-            if group is None:
-                actions.extend(Action(key, op.op_id, op.kind, "skipped: not configured") for op in ops)
-                continue
-            lock = None
-            layout = group[0].layout
-            if isinstance(layout, PartnerLayout) and layout.select is None:
-                tc = config.transfers[layout.name]
-                poll_lock = self.coordination.poll_lock(layout.key, tc.lock)
-                lock = functools.partial(poll_lock.attempt, wait=60.0)
-            actions.extend(recover_pending(group, orphans=False, lock=lock, held=held,
-                                          transports=self.transport))
-        if orphans and held:
-            # A committed transaction's staged members are not orphans: it is rolled forward
-            # by the next recovery, so nothing of this node's is removed until then.
-            log.warning("node %s: %d committed transaction(s) left for the next recovery; orphan "
-                        "search skipped", self.node_id, len(held))
-        elif orphans:
+        keys = None
+        if orphans:
             # a topic's subscriptions: those whose journal this node has (it staged or claimed there)
             derived = [*config.topics, *(k for k in self.journal.registry()
                                          if k not in config.endpoints and config.knows_endpoint(k))]
-            for key in [*config.endpoints, *dict.fromkeys(derived),
-                        *(KEY_PREFIX + name for name in config.transfers)]:
-                for lc in self._group(key) or ():
-                    actions.extend(recover_orphans(lc))
+            keys = [*config.endpoints, *dict.fromkeys(derived),
+                    *(KEY_PREFIX + name for name in config.transfers)]
+        actions = recover_node(self.journal, self.node_id, group=self._group, inbound=self._inbound,
+                               lock=self._recovery_lock, transports=self.transport, orphan_keys=keys)
         self._recovered = True  # a start retried after a server outage recovers until it succeeds
         return actions
+
+    def _recovery_lock(self, lc: Lifecycle) -> RecoveryLock | None:
+        """The poll lock recovery holds while deciding an operation of ``lc``: a transfer that
+        reads in place has only that lock to keep pollers off its files."""
+        layout = lc.layout
+        if not isinstance(layout, PartnerLayout) or layout.select is not None:
+            return None
+        poll_lock = self.coordination.poll_lock(layout.key, self.config.transfers[layout.name].lock)
+        return functools.partial(poll_lock.attempt, wait=60.0)
 
     def _group(self, key: str) -> list[Lifecycle] | None:
         """The lifecycles sharing journal ``key``: an endpoint's two directions, or a transfer."""

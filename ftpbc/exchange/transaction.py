@@ -59,7 +59,7 @@ from ftpbc.errors import FtpbcError, MessageTooLarge, NotFound, QueueFull, Sourc
 from ftpbc.exchange.bounds import body_length
 from ftpbc.exchange.layout import AreaLayout, Outbound
 from ftpbc.exchange.lifecycle import Lifecycle, expose_each, op_id_for, rename_resolving
-from ftpbc.exchange.recovery import Action
+from ftpbc.exchange.pending import Action
 from ftpbc.faults import crash_point
 from ftpbc.journal import EndpointJournal, Journal
 from ftpbc.model.envelope import Kind
@@ -429,7 +429,7 @@ def recover_transactions(journal: Journal, inbound: Callable[[str], Lifecycle | 
     commit: remove the stages it names.  ``inbound`` gives an endpoint's inbound lifecycle
     (None: not configured; the transaction is then left pending and reported).
 
-    Run before the endpoints' own operations (:func:`ftpbc.exchange.recovery.recover_pending`):
+    Run before the endpoints' own operations (:func:`ftpbc.exchange.pending.recover_pending`):
     a member whose transaction has no commit record is an ordinary unacknowledged send there,
     rolled back.  Idempotent: every step re-checks the server.
     """
