@@ -9,9 +9,10 @@ The handler's invocation log
     :func:`handler` appends ``start <uuid> <node>`` before its work and ``return <uuid> <node>``
     after it, to the file named by ``FTPBC_TEST_HANDLER_LOG`` (``O_APPEND``, one ``write`` per
     line, so a killed node leaves a ``start`` without its ``return``).  Importing this module in a
-    node also wraps :meth:`Lifecycle.served_durable` so that ``recorded <uuid> <node>`` is logged
-    once the handler's result is durable in the journal: from then on the core promises never to
-    run the handler again, so a second ``recorded`` for one UUID is a violation, whereas a second
+    node also appends to the lifecycle's ``HOOKS.after_served_durable``
+    (:class:`ftpbc.exchange.lifecycle.Hooks`) so that ``recorded <uuid> <node>`` is logged once
+    the handler's result is durable in the journal: from then on the core promises never to run
+    the handler again, so a second ``recorded`` for one UUID is a violation, whereas a second
     ``return`` whose first one was cut short by a kill before its result was recorded is ordinary
     at-least-once delivery.
 
@@ -44,7 +45,7 @@ import yaml
 
 from ftpbc.errors import FtpbcError, RequestTimeout, TransportError
 from ftpbc.exchange.area import KINDS
-from ftpbc.exchange.lifecycle import Lifecycle
+from ftpbc.exchange.lifecycle import HOOKS, Served
 from ftpbc.journal import EndpointJournal, Journal
 from ftpbc.model.message import Message
 
@@ -93,19 +94,14 @@ def handler(message: Message) -> bytes:
     return b"re:" + body
 
 
-_original_served_durable = Lifecycle.served_durable
-
-
-def _served_durable_logged(self: Lifecycle, served: Any) -> dict[str, str]:
-    # Every path that records a result (record_served, a provider's write_served) ends here.
-    fields = _original_served_durable(self, served)
+def _log_recorded(served: Served) -> None:
+    # Every path that records a result (record_served, a provider's write_served) passes here.
     _log_line("recorded", served.claimed.uuid)
-    return fields
 
 
 if os.environ.get(LOG_ENV):
     # Only inside the instrumented nodes: the pytest process itself is left untouched.
-    Lifecycle.served_durable = _served_durable_logged  # type: ignore[method-assign]
+    HOOKS.after_served_durable.append(_log_recorded)
 
 
 # ---------------------------------------------------------------------- the journal trace

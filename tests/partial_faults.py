@@ -57,7 +57,7 @@ from ftpbc.errors import (
     TransportError,
     UnknownRequest,
 )
-from ftpbc.transport.ftp import FTPTransport
+from ftpbc.exchange.lifecycle import HOOKS
 from tests.chaos import (
     ENDPOINT,
     LOG_ENV,
@@ -90,22 +90,22 @@ def _response_stage(path: str) -> str | None:
     return _uuid_of(name, "resp.")
 
 
-_original_put = FTPTransport.put
-
-
-def _put_logged(self: FTPTransport, path: str, stream: Any, *, timeout: float | None = None) -> int:
+def _log_staging(path: str) -> None:
     uid = _response_stage(path)
     if uid is not None:
         _log_line("staging", uid)
-    written = _original_put(self, path, stream, timeout=timeout)
+
+
+def _log_staged(path: str) -> None:
+    uid = _response_stage(path)
     if uid is not None:
         _log_line("staged", uid)
-    return written
 
 
 if os.environ.get(LOG_ENV):
-    # Only inside the instrumented nodes (tests/chaos.py patches served_durable there likewise).
-    FTPTransport.put = _put_logged  # type: ignore[method-assign]
+    # Only inside the instrumented nodes (tests/chaos.py hooks served_durable there likewise).
+    HOOKS.before_reply_staged.append(_log_staging)
+    HOOKS.after_reply_staged.append(_log_staged)
 
 
 # ---------------------------------------------------------------------- configuration

@@ -47,7 +47,13 @@ Filing
     is the error reply: recorded durably first, then finished by :meth:`finish_served` (reply
     staged, claim renamed into the directory, reason file, reply exposed), so a filing retried
     after a partial failure, or finished by recovery, completes and never loses the message
-    nor its caller's answer.
+    nor its caller's answer.  A duplicate (a second file with a message id this node holds or
+    settled: :meth:`claim`) is filed the same way, with no reply at all.
+
+Hooks
+    :data:`HOOKS` (:class:`Hooks`) holds callbacks a process appends to, called at fixed points
+    of the steps (a result durable, a reply staged): instrumentation, such as the crash and
+    fault harnesses' logs, without patching any method.
 """
 
 from __future__ import annotations
@@ -56,10 +62,12 @@ from ftpbc.exchange.inbound import DUPLICATE_REASON, InboundSteps
 from ftpbc.exchange.layout import Commit, Outbound
 from ftpbc.exchange.outbound import SPOOL_IN_MEMORY, expose_each
 from ftpbc.exchange.steps import (
+    HOOKS,
     UNFINISHED,
     UNKNOWN_SIZE,
     Claimed,
     Disposition,
+    Hooks,
     Listing,
     Retry,
     Served,
@@ -75,6 +83,6 @@ class Lifecycle(InboundSteps):
     <ftpbc.exchange.lifecycle>`, from the floors it is built of.  Thread-safe."""
 
 
-__all__ = ["DUPLICATE_REASON", "SPOOL_IN_MEMORY", "UNFINISHED", "UNKNOWN_SIZE", "Claimed", "Commit",
-           "Disposition", "Lifecycle", "Listing", "Outbound", "Retry", "Served", "Unread", "expose_each",
-           "op_id_for", "rename_resolving", "run_once"]
+__all__ = ["DUPLICATE_REASON", "HOOKS", "SPOOL_IN_MEMORY", "UNFINISHED", "UNKNOWN_SIZE", "Claimed", "Commit",
+           "Disposition", "Hooks", "Lifecycle", "Listing", "Outbound", "Retry", "Served", "Unread",
+           "expose_each", "op_id_for", "rename_resolving", "run_once"]

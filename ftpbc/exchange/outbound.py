@@ -21,7 +21,7 @@ from ftpbc.errors import NotFound, OutcomeUnknown, QueueFull, SourceGone, Transp
 from ftpbc.exchange.area import REASON_SUFFIX, split_stage
 from ftpbc.exchange.bounds import READ_MARGIN, BoundedSink, body_length, check_body
 from ftpbc.exchange.layout import AreaLayout, Outbound
-from ftpbc.exchange.steps import Claimed, Steps, rename_resolving
+from ftpbc.exchange.steps import HOOKS, Claimed, Steps, rename_resolving
 from ftpbc.faults import crash_point
 from ftpbc.model.envelope import EXPIRED_TYPE
 from ftpbc.transport.base import Transport
@@ -283,6 +283,15 @@ class OutboundSteps(Steps):
             return StagedReply(path, owner, buf.getvalue(), error, rtype)
         return None
 
+    def _put_reply(self, stage: str, fields: dict[str, str]) -> None:
+        """Upload the reply a ``served`` record holds to ``stage`` (the hooks around it)."""
+        body = io.BytesIO(self.journal.load_result(fields))
+        for hook in HOOKS.before_reply_staged:
+            hook(stage)
+        self.transport.put(stage, body)
+        for hook in HOOKS.after_reply_staged:
+            hook(stage)
+
     def _stage_for_adoption(self, stage: str, fields: dict[str, str]) -> bool:
         """Put a recorded reply at its stage name when that name declares its size (else
         nothing: no other node could tell it complete); True if it is there now."""
@@ -291,7 +300,7 @@ class OutboundSteps(Steps):
         t = self.transport
         try:
             self.layout.ensure_dir(t, stage)
-            t.put(stage, io.BytesIO(self.journal.load_result(fields)))
+            self._put_reply(stage, fields)
         except TransportError as exc:
             log.warning("%s: %s: could not stage the recorded reply for another node: %s", self.name, stage,
                         exc)

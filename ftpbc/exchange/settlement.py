@@ -19,6 +19,7 @@ from ftpbc.exchange.area import REASON_SUFFIX, split_stage
 from ftpbc.exchange.layout import Commit, Outbound
 from ftpbc.exchange.outbound import OutboundSteps
 from ftpbc.exchange.steps import (
+    HOOKS,
     REMEMBERED_IDS,
     UNFINISHED,
     Claimed,
@@ -111,6 +112,8 @@ class SettlementSteps(OutboundSteps):
         handler must never run again for this message."""
         self.journal.wait_durable(served.seq)
         crash_point("serve.after-result")
+        for hook in HOOKS.after_served_durable:
+            hook(served)
         return served.fields
 
     def finish_served(self, op_id: str, fields: dict[str, str], *, fresh: bool = False) -> bool:
@@ -132,7 +135,7 @@ class SettlementSteps(OutboundSteps):
                 # Uploaded again even when found staged: a node killed mid-upload leaves a torn
                 # file there, and only the commit below proves an upload was complete.
                 self.layout.ensure_dir(t, stage)
-                t.put(stage, io.BytesIO(self.journal.load_result(f)))
+                self._put_reply(stage, f)
                 staged = True
                 crash_point("serve.after-stage")
             if not self._commit(claim, commit, unopened=bool(f.get("unopened"))):

@@ -159,6 +159,34 @@ def rename_resolving(transport: Transport, src: str, dst: str) -> None:
             transport.rename(src, dst)
 
 
+class Hooks:
+    """Callbacks the lifecycle calls at fixed points of its steps, for instrumentation (a test's
+    log of what each node did, tracing), in the manner of a middleware: append a callable to a
+    list of :data:`HOOKS`.  Process-wide (every lifecycle of the process), so set them before
+    the steps run, at import for instance.
+
+    Guaranteed: each callback of a point runs once each time a step passes the point, on the
+    step's own thread, in the order appended, and never for a step that failed before the point.
+    A callback observes; it must not raise (an exception would fail the step after the point,
+    which then retries or leaves the message to recovery) nor block.  Not guaranteed: that a
+    callback runs at all when the process is killed right at its point.
+    """
+
+    def __init__(self) -> None:
+        #: ``(served)`` once a result, a filing or an adopted reply is durably recorded
+        #: (:meth:`~ftpbc.exchange.settlement.SettlementSteps.served_durable`): from then on the
+        #: handler never runs again for ``served.claimed``
+        self.after_served_durable: list[Callable[[Served], None]] = []
+        #: ``(stage path)`` just before a recorded reply (or a transfer's outbound file) is
+        #: uploaded to its stage name, and once that upload has returned
+        self.before_reply_staged: list[Callable[[str], None]] = []
+        self.after_reply_staged: list[Callable[[str], None]] = []
+
+
+#: the hooks of this process (:class:`Hooks`)
+HOOKS = Hooks()
+
+
 class Steps:
     """The state of one layout's lifecycle on one node, and its setup: what every floor of
     :class:`~ftpbc.exchange.lifecycle.Lifecycle` reads.  Thread-safe."""
