@@ -633,8 +633,14 @@ class Nemesis(threading.Thread):
 
     def __init__(self, nodes: list[NodeProcess], progress: Callable[[], float],
                  once: dict[float, tuple[str, Callable[[], object]]], *, min_gap: float = 0.5,
-                 max_gap: float = 2.0, seed: int | None = None, min_kills: int = MIN_KILLS) -> None:
+                 max_gap: float = 2.0, seed: int | None = None, min_kills: int = MIN_KILLS,
+                 wait_ready: float = 0.0) -> None:
+        """``wait_ready``: after a restart, wait up to that many seconds for the node to serve
+        again before the next gap begins (0: never wait).  Paced so, the kills follow the
+        machine's speed: on a loaded one, where a restart takes longer than the gaps, the
+        nodes would otherwise spend their lives starting, and the cluster make no progress."""
         super().__init__(name="nemesis", daemon=True)
+        self.wait_ready = wait_ready
         self.nodes = nodes
         self.progress = progress
         self.once = dict(once)
@@ -693,6 +699,9 @@ class Nemesis(threading.Thread):
                     self.log.restarts += 1
                     self.log.events.append(f"{time.time():.3f} kill+restart {node.node_id}")
                     self.changed.notify_all()
+                ready_by = time.monotonic() + self.wait_ready
+                while not node.ready() and time.monotonic() < ready_by and not self.stop_event.wait(0.05):
+                    pass  # a condition polled until its deadline (or the nemesis stops)
         except BaseException as exc:  # reported by the test, never swallowed
             self.error = exc
         finally:
