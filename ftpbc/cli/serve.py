@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,6 +19,10 @@ from ftpbc.cli.common import config_option, json_option, load, log_options, node
 from ftpbc.config.models import CLIENT_ID_RE, Config
 from ftpbc.errors import JournalError
 from ftpbc.journal import Journal
+
+if TYPE_CHECKING:
+    from ftpbc.node.serve import Node
+    from ftpbc.node.systemd import Notifier
 
 
 @click.command()
@@ -42,6 +47,10 @@ def serve(config_path: str, node_id: str | None, handler_path: tuple[str, ...],
 
     Handler modules are imported from node.handler_path, --path and the installed packages
     (PYTHONPATH included), never from the working directory unless one of them names it.
+
+    Under systemd (NOTIFY_SOCKET set, Type=notify) it sends READY=1 once it serves, WATCHDOG=1
+    after each heartbeat written, STOPPING=1 when it drains, and STATUS= lines saying what it
+    does ("not serving: <why>"); deploy/systemd/ftpbc@.service.
     """
     from ftpbc.node.check import lease_warning
     from ftpbc.node.serve import Node
@@ -68,14 +77,18 @@ def serve(config_path: str, node_id: str | None, handler_path: tuple[str, ...],
     from ftpbc.node.health import serve_configured_metrics
 
     metrics = serve_configured_metrics(node, metrics_port)  # /healthz answers during start-up
+    notifier = _notify_systemd(node)
     node.start()
     if metrics is not None:
         metrics.attach()  # the providers start() built report their events from now on
+    if not stop.is_set():
+        notifier.ready(f"serving {', '.join(sorted(node.providers)) or 'nothing'} as node {node.node_id}")
     for action in node.recovered:
         click.echo(f"recovered {action}", err=True)
     if not node.providers and not stop.is_set():
         click.echo("ftpbc: warning: no endpoint has a handler; nothing to serve", err=True)
     stop.wait()
+    notifier.stopping()
     clean = node.stop()
     # Handlers abandoned at the drain timeout may still run in worker threads, which the
     # interpreter would wait for at exit; their claims are back in the box, so leave now.
@@ -83,6 +96,35 @@ def serve(config_path: str, node_id: str | None, handler_path: tuple[str, ...],
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0 if clean else 1)
+
+
+def _notify_systemd(node: Node) -> Notifier:
+    """A :class:`Notifier` told of what ``node`` does (a no-op without ``$NOTIFY_SOCKET``)."""
+    from ftpbc.node.systemd import Notifier, watchdog_warning
+
+    notifier = Notifier()
+    if not notifier.enabled:
+        return notifier
+    log = logging.getLogger("ftpbc.node")
+    tight = watchdog_warning(notifier.watchdog, node.config.node.heartbeat_interval)
+    if tight is not None:
+        log.warning("%s", tight)
+    notifier.status(f"not serving: {node.not_serving}" if node.not_serving else "starting")
+    node.serving_observers.append(lambda why: notifier.status(f"not serving: {why}") if why else None)
+
+    def on_heartbeat(held: str | None) -> None:
+        # The watchdog is pet by beats actually written: a node whose loops are stuck (or whose
+        # state_dir refuses the write) stops petting it, as it stops its heartbeat.
+        if held is None:
+            notifier.watchdog_ping()
+            if node.not_serving is None:
+                notifier.status(f"serving {', '.join(sorted(node.providers)) or 'nothing'} "
+                                f"as node {node.node_id}")
+        else:
+            notifier.status(f"heartbeat stopped: {held}")
+
+    node.runtime.heartbeat.observers.append(on_heartbeat)
+    return notifier
 
 
 @click.command()

@@ -150,6 +150,11 @@ class Heartbeat:
         self.not_serving: str | None = None
         #: this node's lease, renewed by every beat written (set by the runtime before start)
         self.lease: Lease | None = None
+        #: called from the heartbeat thread after each interval: with None once a beat was
+        #: written, with the reason when the beat was held (a stuck loop); never after a write
+        #: that failed.  What one raises is logged once and does not stop the heartbeat.
+        self.observers: list[Callable[[str | None], None]] = []
+        self._observer_failed: str | None = None
 
     def extra_lines(self) -> str:
         """What follows the first line: the :class:`Serves` line of a serving node, or its
@@ -208,6 +213,7 @@ class Heartbeat:
                 log.error("heartbeat stopped: %s; other nodes will take this node's work over after "
                           "the lease", why)
             self._held = why
+            self._tell(why)
             return
         if self._held is not None:
             log.warning("heartbeat resumed: every loop makes progress again")
@@ -216,6 +222,17 @@ class Heartbeat:
         if self._failing is not None:
             log.warning("heartbeat %s: written again", self.path)
             self._failing = None
+        self._tell(None)
+
+    def _tell(self, held: str | None) -> None:
+        for observer in list(self.observers):
+            try:
+                observer(held)
+            except Exception as exc:  # an observer's fault is not the heartbeat's
+                if str(exc) != self._observer_failed:
+                    log.warning("heartbeat %s: an observer failed: %s: %s", self.path,
+                                type(exc).__name__, exc)
+                self._observer_failed = str(exc)
 
     def stop(self, *, remove: bool = True) -> None:
         self._stop.set()

@@ -153,6 +153,8 @@ class Node:
         self.recovered: list[Action] = []
         #: why the node does not serve yet (None once it does); shown by /readyz and the heartbeat
         self.not_serving: str | None = STARTING if served_count else None
+        #: called with each new :attr:`not_serving` (None: it serves now), from :meth:`start`
+        self.serving_observers: list[Callable[[str | None], None]] = []
         self._beating = False
         self._refused: ConfigError | None = None
         self._stop = threading.Event()
@@ -214,8 +216,12 @@ class Node:
 
     def _serving(self, why: str | None) -> None:
         """Publish why the node does not serve (None: it serves) to /readyz and the heartbeat."""
+        changed = why != self.not_serving
         self.not_serving = why
         self.runtime.heartbeat.not_serving = why
+        if changed:
+            for observer in self.serving_observers:
+                observer(why)
 
     def _prepare(self) -> None:
         """Recovery and every served area's directories; raises what the servers answer."""
