@@ -15,7 +15,8 @@ Two kinds of figures:
 
 A client (``Client(..., metrics=True)``) counts what it asks and gets in a
 :class:`ClientMetrics` (``ftpbc_client_...``), a registry of its own too.  :func:`serve_http`
-serves any registry on ``/metrics`` (with ``/healthz`` and ``/readyz``): the node's health
+serves any registry on ``/metrics`` (with ``/healthz`` and ``/readyz``, and whatever further
+read-only :class:`Page` its caller injects, such as the node's status page): the node's health
 server and a client's ``metrics_port`` share it, since the client may not import the node.
 
 This module imports nothing of ftpbc, so any layer may report to an observer.
@@ -27,7 +28,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -380,6 +381,21 @@ def _hang_up(conn: socket.socket) -> None:
         pass  # closed meanwhile
 
 
+@dataclass(frozen=True)
+class Page:
+    """One reply of a page injected into :func:`serve_http`: status, body, content type and any
+    further headers (a content security policy, say)."""
+
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+#: the methods the server answers; every other one gets 405 (nothing it serves changes state)
+ALLOWED_METHODS = "GET, HEAD"
+
+
 @dataclass
 class HttpServer:
     """A running ``/metrics`` ``/healthz`` ``/readyz`` server: :meth:`close` stops it."""
@@ -409,6 +425,7 @@ class HttpServer:
 def serve_http(registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0, *,
                not_ready: Callable[[], list[str]] | None = None,
                before_scrape: Callable[[], None] | None = None, name: str = "metrics",
+               pages: Mapping[str, Callable[[], Page]] | None = None,
                max_connections: int = HTTP_MAX_CONNECTIONS, timeout: float = HTTP_TIMEOUT) -> HttpServer:
     """Serve ``registry`` on ``host:port`` (0: any free port) from a daemon thread.
 
@@ -428,8 +445,30 @@ def serve_http(registry: CollectorRegistry, host: str = "127.0.0.1", port: int =
             return parsed
 
         def do_GET(self) -> None:
+            self._answer(head=False)
+
+        def do_HEAD(self) -> None:
+            self._answer(head=True)
+
+        def _refuse_method(self) -> None:
+            self._reply(405, b"method not allowed: this server only reads (GET, HEAD)\n",
+                        headers=(("Allow", ALLOWED_METHODS),))
+
+        do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _refuse_method
+
+        def _answer(self, head: bool) -> None:
+            self._head = head
             path = self.path.split("?", 1)[0]
-            if path == "/metrics":
+            page = pages.get(path) if pages is not None else None
+            if page is not None:
+                try:
+                    reply = page()
+                except Exception as exc:  # one failing page never takes the server down
+                    log.warning("page %s failed: %s: %s", path, type(exc).__name__, exc)
+                    self._reply(500, f"{path} failed: {type(exc).__name__}\n".encode())
+                    return
+                self._reply(reply.status, reply.body, reply.content_type, reply.headers)
+            elif path == "/metrics":
                 if before_scrape is not None:
                     before_scrape()
                 self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
@@ -440,14 +479,19 @@ def serve_http(registry: CollectorRegistry, host: str = "127.0.0.1", port: int =
                 body = ("ready\n" if not why else "not ready: " + "; ".join(why) + "\n").encode()
                 self._reply(503 if why else 200, body)
             else:
-                self._reply(404, b"not found: try /metrics, /healthz or /readyz\n")
+                known = ", ".join(["/metrics", "/healthz", "/readyz", *sorted(pages or {})])
+                self._reply(404, f"not found: try {known}\n".encode())
 
-        def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8",
+                   headers: tuple[tuple[str, str], ...] = ()) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
+            for key, value in headers:
+                self.send_header(key, value)
             self.end_headers()
-            self.wfile.write(body)
+            if not getattr(self, "_head", False):
+                self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:
             log.debug("%s %s", self.address_string(), format % args)

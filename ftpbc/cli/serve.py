@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 @click.option("--path", "handler_path", multiple=True, type=click.Path(file_okay=False),
               help="Import handler modules from this directory too (repeatable; after node.handler_path).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
-              help="Serve /metrics, /healthz and /readyz on this port (default: node.metrics).")
+              help="Serve /metrics, /healthz, /readyz and the status page (/) on this port "
+                   "(default: node.metrics).")
 def serve(config_path: str, node_id: str | None, handler_path: tuple[str, ...],
           metrics_port: int | None) -> None:
     """Serve every endpoint that has a handler, and every route, until SIGTERM or Ctrl-C.

@@ -1,4 +1,5 @@
-"""A node's HTTP endpoints for operators: ``/metrics`` (Prometheus), ``/healthz``, ``/readyz``.
+"""A node's HTTP endpoints for operators: ``/metrics`` (Prometheus), ``/healthz``, ``/readyz``,
+and the status page ``/`` (with ``/status.json``: :mod:`ftpbc.node.status_page`).
 
 :func:`serve_metrics` starts a small HTTP server (:func:`ftpbc.metrics.serve_http`, which a
 client's metrics share) on a thread of its own for one
@@ -22,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -35,9 +36,10 @@ from ftpbc.cluster.liveness import Liveness
 from ftpbc.config.models import Config
 from ftpbc.errors import ConfigError
 from ftpbc.journal import journal_problems
-from ftpbc.metrics import HttpServer, NodeMetrics, PrometheusObserver, serve_http
+from ftpbc.metrics import HttpServer, NodeMetrics, Page, PrometheusObserver, serve_http
 from ftpbc.node.poller import Poller
 from ftpbc.node.provider import Provider
+from ftpbc.node.status_page import StatusCache, cached_cluster_status, status_pages
 
 log = logging.getLogger("ftpbc.health")
 
@@ -204,6 +206,8 @@ class MetricsServer:
     registry: CollectorRegistry
     metrics: NodeMetrics
     http: HttpServer
+    #: the status page's cluster figures (listed at most once per its max_age)
+    status: StatusCache
 
     @property
     def host(self) -> str:
@@ -243,16 +247,31 @@ def serve_metrics(node: Watched, host: str = "127.0.0.1", port: int = 0) -> Metr
     metrics = NodeMetrics(registry, node.node_id)
     registry.register(NodeCollector(node))
     attach_observers(node, metrics)
+    cache = cached_cluster_status(node.config)
+
+    def scrape() -> None:
+        attach_observers(node, metrics)
+
+    pages = status_pages(node.node_id, registry, lambda: not_ready(node), cache)
+    # The page reads the registry as a scrape does: providers built since are attached first.
+    pages = {path: _after(scrape, page) for path, page in pages.items()}
     try:
-        http = serve_http(registry, host, port, not_ready=lambda: not_ready(node),
-                          before_scrape=lambda: attach_observers(node, metrics),
-                          name=f"metrics-{node.node_id}")
+        http = serve_http(registry, host, port, not_ready=lambda: not_ready(node), before_scrape=scrape,
+                          name=f"metrics-{node.node_id}", pages=pages)
     except OSError as exc:
         raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}",
                           key="node.metrics", file=node.config.source) from None
-    handle = MetricsServer(node, registry, metrics, http)
-    log.info("metrics on http://%s:%d/metrics (health: /healthz, /readyz)", handle.host, handle.port)
+    handle = MetricsServer(node, registry, metrics, http, cache)
+    log.info("metrics on http://%s:%d/metrics (health: /healthz, /readyz; status page: /)", handle.host,
+             handle.port)
     return handle
+
+
+def _after(first: Callable[[], None], page: Callable[[], Page]) -> Callable[[], Page]:
+    def run() -> Page:
+        first()
+        return page()
+    return run
 
 
 def serve_configured_metrics(node: Watched, port: int | None = None) -> MetricsServer | None:

@@ -21,7 +21,7 @@ from ftpbc.cluster.factory import open_coordination
 from ftpbc.cluster.heartbeat import HeartbeatInfo, read_heartbeats
 from ftpbc.config.models import Config
 from ftpbc.errors import FtpbcError, NotFound
-from ftpbc.exchange.area import KINDS, REASON_SUFFIX, ExchangeArea, parse_archive_name
+from ftpbc.exchange.area import KINDS, REASON_SUFFIX, ExchangeArea, parse_archive_name, split_claim
 from ftpbc.node.route_status import RouteStatus, render_routes, route_statuses
 from ftpbc.transport import Transport, open_transport
 from ftpbc.transport.base import Entry
@@ -48,6 +48,8 @@ class NodeStatus:
     not_serving: str | None = None
     #: its heartbeat is from this host and names a pid no process here has: dead at once
     process_gone: bool = False
+    #: messages claimed by this node (in an ``inselect`` under its name) in every endpoint listed
+    claims_held: int = 0
 
     @classmethod
     def of(cls, beat: HeartbeatInfo) -> NodeStatus:
@@ -69,6 +71,8 @@ class EndpointStatus:
     oldest_name: dict[str, str] = field(default_factory=dict)
     #: requests archived within the last WINDOW seconds, per node that served them
     served_last_minute: dict[str, int] = field(default_factory=dict)
+    #: node -> messages it holds claimed (``inselect`` files carrying its name)
+    claims: dict[str, int] = field(default_factory=dict)
     error: str | None = None
 
     @property
@@ -117,9 +121,13 @@ def _nodes(config: Config) -> tuple[list[NodeStatus], str, str | None]:
 
 
 def attribute_served(nodes: list[NodeStatus], endpoints: list[EndpointStatus]) -> None:
-    """Fill each node's ``served_last_minute`` from the endpoints' archive stamps."""
+    """Fill each node's ``served_last_minute`` from the endpoints' archive stamps, and its
+    ``claims_held`` from their ``inselect`` names."""
     by_id = {n.id: n for n in nodes}
     for ep in endpoints:
+        for node_id, count in ep.claims.items():
+            if node_id in by_id:
+                by_id[node_id].claims_held += count
         for node_id, count in ep.served_last_minute.items():
             if node_id in by_id:
                 by_id[node_id].served_last_minute[ep.name] = count
@@ -151,6 +159,11 @@ def endpoint_status(name: str, config: Config, transport: Transport, *,
                     oldest, oldest_name = min(timed)
                     status.oldest_age[directory] = round(max((now - oldest).total_seconds(), 0.0), 3)
                     status.oldest_name[directory] = oldest_name
+            if directory == "inselect":
+                for e in entries:
+                    claimer = split_claim(e.name)[1]
+                    if claimer is not None:
+                        status.claims[claimer] = status.claims.get(claimer, 0) + 1
             if directory == "inarchive":
                 for e in entries:
                     _, node, when = parse_archive_name(e.name)
