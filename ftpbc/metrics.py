@@ -437,6 +437,9 @@ def serve_http(registry: CollectorRegistry, host: str = "127.0.0.1", port: int =
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "ftpbc"
+        #: the request is a HEAD: headers only
+        _head = False
+
         def parse_request(self) -> bool:
             parsed = super().parse_request()  # the request line was read; this reads the headers
             server: BaseServer = self.server
@@ -454,7 +457,12 @@ def serve_http(registry: CollectorRegistry, host: str = "127.0.0.1", port: int =
             self._reply(405, b"method not allowed: this server only reads (GET, HEAD)\n",
                         headers=(("Allow", ALLOWED_METHODS),))
 
-        do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _refuse_method
+        def __getattr__(self, name: str) -> Any:
+            # handle_one_request looks up do_<METHOD>: every method but GET and HEAD, known or
+            # not (POST, DELETE, PROPFIND...), gets 405 rather than the default 501.
+            if name.startswith("do_"):
+                return self._refuse_method
+            raise AttributeError(name)
 
         def _answer(self, head: bool) -> None:
             self._head = head
@@ -490,7 +498,7 @@ def serve_http(registry: CollectorRegistry, host: str = "127.0.0.1", port: int =
             for key, value in headers:
                 self.send_header(key, value)
             self.end_headers()
-            if not getattr(self, "_head", False):
+            if not self._head:
                 self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:
