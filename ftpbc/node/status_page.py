@@ -82,6 +82,8 @@ class Snapshot:
     status: ClusterStatus | None
     computed: float  # time.monotonic() of ``status``; 0 when there is none
     error: str | None = None
+    #: seconds the computation of ``status`` took (what one listing of the area costs)
+    took: float = 0.0
 
     def age(self) -> float | None:
         return None if self.status is None else max(time.monotonic() - self.computed, 0.0)
@@ -115,16 +117,19 @@ class StatusCache:
             self._computing = True
         status: ClusterStatus | None = None
         error: str | None = None
+        started = time.monotonic()
         try:
             status = self._compute()
         except Exception as exc:  # shown on the page; the server goes on
             error = f"{type(exc).__name__}: {exc}"
         with self._cond:
             self.computations += 1
+            now = time.monotonic()
             if status is not None:
-                self._snapshot = Snapshot(status, time.monotonic())
+                self._snapshot = Snapshot(status, now, took=now - started)
             else:
-                self._snapshot = Snapshot(self._snapshot.status, self._snapshot.computed, error)
+                old = self._snapshot
+                self._snapshot = Snapshot(old.status, old.computed, error, old.took)
             self._computing = False
             self._cond.notify_all()
             return self._snapshot
@@ -151,6 +156,7 @@ def status_document(node_id: str, not_ready: list[str], figures: dict[str, dict[
                                for ep, values in sorted(figures.items())}},
         "cluster": snap.status.to_dict() if snap.status is not None else None,
         "cluster_age_seconds": None if age is None else round(age, 1),
+        "cluster_listing_seconds": None if snap.status is None else round(snap.took, 3),
         "cluster_error": snap.error,
         "max_age_seconds": MAX_AGE,
         "time": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -311,7 +317,8 @@ def render_html(doc: dict[str, Any], snap: Snapshot, figures: dict[str, dict[str
     page = Template(_asset("status_page.html"))
     return page.substitute(
         refresh=str(REFRESH), node=_e(doc["node"]["id"]), time=_e(doc["time"]),
-        age=_e("-" if age is None else f"{age:.1f}"), max_age=_e(f"{MAX_AGE:g}"),
+        age=_e("-" if age is None else f"{age:.1f}"),
+        took=_e("-" if snap.status is None else f"{snap.took:.2f}"), max_age=_e(f"{MAX_AGE:g}"),
         this_node=_this_node(doc["node"]["id"], not_ready, figures), cluster=cluster)
 
 
