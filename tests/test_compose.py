@@ -1,6 +1,6 @@
 """docker-compose.yml without a container engine: it parses, what it mounts exists, every
 ``ftpbc`` command in it is accepted by the CLI, and its nodes run examples/cluster.yaml against
-its own FTP service with a shared state volume."""
+its own FTP service with a shared state volume.  tests/test_image.py runs it under podman."""
 
 from __future__ import annotations
 
@@ -21,8 +21,23 @@ from tests.test_metrics import exposed_metric_names
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
+CONTAINERFILE = REPO / "Containerfile"
 #: services that watch the nodes (their own images, no ftpbc command)
 MONITORING = ("prometheus", "grafana")
+
+
+def image_entrypoint() -> list[str]:
+    """The Containerfile's ENTRYPOINT (exec form)."""
+    [line] = [ln for ln in CONTAINERFILE.read_text(encoding="utf-8").splitlines()
+              if ln.startswith("ENTRYPOINT ")]
+    entrypoint = json.loads(line.removeprefix("ENTRYPOINT "))
+    assert isinstance(entrypoint, list)
+    return entrypoint
+
+
+def ftpbc_argv(service: dict[str, Any]) -> list[str]:
+    """What a service of the ftpbc image runs: the image's entry point, then its command."""
+    return [*image_entrypoint(), *service["command"]]
 
 
 def compose() -> dict[str, Any]:
@@ -81,7 +96,14 @@ def test_compose_parses_and_declares_an_ftp_server_and_two_nodes() -> None:
         if name in MONITORING:
             continue
         assert isinstance(service.get("command"), list), name
-        assert service["image"].startswith("python:3.11")
+        # the image built from the Containerfile, with nothing installed at start
+        assert service["image"] == "${FTPBC_IMAGE:-ftpbc:latest}", name
+        assert service["build"]["dockerfile"] == "Containerfile", name
+        assert "entrypoint" not in service and "/src" not in str(service.get("volumes")), name
+    assert image_entrypoint() == ["ftpbc"]
+    # the monitoring services' images come from a registry: only with --profile monitoring
+    for name in MONITORING:
+        assert svc[name]["profiles"] == ["monitoring"], name
 
 
 def test_every_mounted_repository_path_exists() -> None:
@@ -94,8 +116,7 @@ def test_every_mounted_repository_path_exists() -> None:
 
 @pytest.mark.parametrize("service", ["ftp", "node-a", "node-b"])
 def test_every_ftpbc_command_is_accepted_by_the_cli(service: str) -> None:
-    argv = services()[service]["command"]
-    assert argv[0] == "ftpbc"
+    argv = ftpbc_argv(services()[service])
     ctx = parse_ftpbc(argv)
     assert ctx.command.name == argv[1]
 
@@ -112,15 +133,17 @@ def test_the_command_check_rejects_what_the_cli_rejects() -> None:
 
 def test_nodes_run_the_example_cluster_against_the_ftp_service(monkeypatch: pytest.MonkeyPatch) -> None:
     svc = services()
-    ftp = svc["ftp"]["command"]
+    ftp = ftpbc_argv(svc["ftp"])
     password_var = option(ftp, "--password-env")
     assert password_var in svc["ftp"]["environment"]
     monkeypatch.setenv(password_var, "compose-test")
     node_ids, journal_volumes = set(), set()
     for name in ("node-a", "node-b"):
         service = svc[name]
-        argv = service["command"]
+        argv = ftpbc_argv(service)
         assert argv[1] == "serve"
+        # the image's HEALTHCHECK asks /readyz on FTPBC_METRICS_PORT: the port the node serves
+        assert service["environment"]["FTPBC_METRICS_PORT"] == option(argv, "--metrics-port")
         config_file = host_path(service, option(argv, "-c"))
         assert config_file == (REPO / "examples" / "cluster.yaml").resolve()
         config = load_config(config_file, node_id=option(argv, "--node-id"))
@@ -144,7 +167,7 @@ def test_nodes_run_the_example_cluster_against_the_ftp_service(monkeypatch: pyte
 
 def test_the_ftp_service_command_serves_ftp(tmp_path: Path) -> None:
     """``ftpbc ftpd`` (the ftp service, on a free loopback port) serves a login and a check."""
-    argv = list(services()["ftp"]["command"])
+    argv = ftpbc_argv(services()["ftp"])
     port = free_port()
     argv[argv.index("--root") + 1] = str(tmp_path / "root")
     argv[argv.index("--host") + 1] = "127.0.0.1"
@@ -190,7 +213,7 @@ def test_prometheus_scrapes_every_node_on_its_metrics_port() -> None:
     targets = {t for static in job["static_configs"] for t in static["targets"]}
     ports = set()
     for name in ("node-a", "node-b"):
-        ctx = parse_ftpbc(svc[name]["command"])
+        ctx = parse_ftpbc(ftpbc_argv(svc[name]))
         assert ctx.params["metrics_port"] is not None, f"{name} serves no metrics"
         ports.add(ctx.params["metrics_port"])
     assert len(ports) == 2  # one network namespace: a port each
