@@ -170,6 +170,8 @@ def test_image_builds_and_the_compose_stack_serves_drains_and_replays(
     report("image: entry point ftpbc, user ftpbc, HEALTHCHECK on /readyz, OCI labels")
     version = run(["podman", "run", "--rm", IMAGE, "--version"], env).stdout
     assert "ftpbc" in version, version
+    ids = run(["podman", "run", "--rm", "--entrypoint", "id", IMAGE], env).stdout
+    assert ids.startswith("uid=10001(ftpbc) gid=10001(ftpbc)"), ids
 
     host_env = ftpbc_env({"FTPBC_PASSWORD": PASSWORD})
     # The host's client keeps its journal under the working directory's journals/ (gitignored).
