@@ -64,6 +64,68 @@ def report_figures(request: pytest.FixtureRequest) -> Any:
     return report
 
 
+#: the one server the fast lane runs server-parametrised tests on (when the test has it)
+FAST_SERVER = "pyftpdlib"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fast", action="store_true",
+        help="the fast lane: no slow tests, and each server-parametrised test on one server "
+             f"({FAST_SERVER} where the test has it); see README.md, Tests")
+
+
+def _server_of(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return None
+    kinds = [v for v in callspec.params.values() if isinstance(v, str) and v in CONFORMANCE_SERVERS]
+    return kinds[0] if kinds else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--fast``: deselect slow tests, and run each server-parametrised test once.
+
+    Why one server is enough there: what a server may do differently is held at the transport
+    boundary by the conformance suite (tests/test_transport_conformance.py) and the transport
+    suites; the lifecycle, cluster and CLI logic above it is the same code whatever the server.
+    Tests marked ``every_server`` (the transport boundary itself) keep every server.  The full
+    suite (no ``--fast``) still runs every test on every server."""
+    if not config.getoption("--fast"):
+        return
+    servers: dict[tuple[str, str, str], set[str]] = {}
+    for item in items:
+        kind = _server_of(item)
+        if kind is not None:
+            servers.setdefault(_fast_key(item), set()).add(kind)
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        kind = _server_of(item)
+        slow = item.get_closest_marker("slow") is not None
+        elsewhere = (kind is not None and item.get_closest_marker("every_server") is None
+                     and kind != _fast_choice(servers[_fast_key(item)]))
+        if slow or elsewhere:
+            dropped.append(item)
+        else:
+            keep.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+def _fast_key(item: pytest.Item) -> tuple[str, str, str]:
+    """The test with every parameter but its server."""
+    callspec = getattr(item, "callspec", None)
+    rest = sorted((k, repr(v)) for k, v in (callspec.params.items() if callspec else ())
+                  if not (isinstance(v, str) and v in CONFORMANCE_SERVERS))
+    return (item.nodeid.split("[", 1)[0], getattr(item, "originalname", item.name), repr(rest))
+
+
+def _fast_choice(kinds: set[str]) -> str:
+    return FAST_SERVER if FAST_SERVER in kinds else sorted(kinds)[0]
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     for nodeid, text in _FIGURES:
         terminalreporter.write_sep("-", f"figures: {nodeid}")

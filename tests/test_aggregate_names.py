@@ -31,8 +31,6 @@ from ftpbc.patterns.expand import ExpandContext, expand
 from ftpbc.patterns.grammar import parse
 from tests import plain_figures, test_aggregate
 
-pytestmark = pytest.mark.slow
-
 #: the one session-scoped SparkSession
 spark = test_aggregate.spark
 
@@ -151,6 +149,7 @@ def _rows() -> list[dict[str, Any]]:
              "mtime_prec_us": 1} for e in NAMINGS for f in FOLDERS for n in every]
 
 
+# Not slow: the fast lane's one Spark start, so it reaches the modules that build the Spark job.
 def test_spark_parses_every_name_as_the_python_reference(spark: Any) -> None:
     rows = _rows()
     want = {(r["endpoint"], r["folder"], r["name"]): parse_record(r, NAMINGS[r["endpoint"]]) for r in rows}
@@ -214,6 +213,7 @@ def _write(root: Path, source: ArchiveSource, folder: str, name: str, size: int,
     os.utime(path, ns=(ns, ns))
 
 
+@pytest.mark.slow
 def test_job_figures_equal_the_plain_pass_on_every_naming_form(spark: Any, tmp_path: Path) -> None:
     root = tmp_path / "exchange"
     srv = ServerConfig.from_url(f"file://{root}", name="site")

@@ -112,8 +112,9 @@ def test_a_name_without_the_uuid_does_not_match(text: str, replacement: str, now
        st.text(SEPARATORS, min_size=1, max_size=3), instants, file_name)
 def test_a_uuid_name_from_a_pattern_with_other_literals_does_not_match(
         body: str, prefix: str, other_prefix: str, now: datetime, name: str) -> None:
-    # Prefixes are followed by a value token, whose output never holds a separator character.
-    body = body.lstrip(SEPARATORS).removeprefix("%%").lstrip(SEPARATORS)
+    # Prefixes are followed by a value token, whose output never holds a separator character;
+    # not %f, which matches anything (the prefix's separators included).
+    body = body.replace("%f", "F").lstrip(SEPARATORS).removeprefix("%%").lstrip(SEPARATORS)
     if prefix == other_prefix or body.startswith("%%"):
         return
     pattern = Pattern.parse(prefix + body)

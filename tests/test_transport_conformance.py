@@ -37,6 +37,9 @@ from tests.servers.process import require_root
 from tests.servers.proftpd import PASV_TWO_PORTS, proftpd_binary, running_proftpd
 from tests.support import free_port
 
+#: the transport boundary, where servers differ: the fast lane keeps every server here
+pytestmark = pytest.mark.every_server
+
 MIB = 1 << 20
 #: every byte value, in every position modulo 256
 EVERY_BYTE = bytes(range(256))
