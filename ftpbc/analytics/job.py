@@ -140,7 +140,7 @@ def run(opts: Options, spark: Any = None) -> Result:
         shutil.rmtree(staging, ignore_errors=True)
         with contextlib.suppress(OSError):  # another run's staging may still be there: leave it
             staging.parent.rmdir()
-    chart = draw(rows, opts.out / "chart.png", bucket_label=opts.bucket)
+    chart = draw(rows, opts.out / "chart.png", bucket_label=opts.bucket, bucket_us=window.bucket_us)
     if opts.print_table:
         print(format_table(rows))
     return Result(rows, nodes, n_un, chart, stats_new)
