@@ -159,3 +159,36 @@ def test_endpoint_with_no_archive_yet_is_named_on_one_line(config_file: Path, tm
                              "--out", str(tmp_path / "out"), "--no-progress")
     assert result.returncode == 2
     assert "no archive folder found for endpoints stock" in one_line(result)
+
+
+@pytest.mark.slow
+def test_spark_log_stays_quiet_unless_asked_for(
+        config_file: Path, pyftpdlib_server: ServerHandle, tmp_path: Path) -> None:
+    """A run of its own (a fresh JVM: log4j is configured at launch): no Spark WARN line on stderr."""
+    import subprocess
+    import sys
+
+    sources = sources_from_config(load_config(config_file))
+    messages = synthetic.plan(sources, 20, test_aggregate.START, test_aggregate.SPAN, seed=5)
+    root = str(pyftpdlib_server.root)
+    synthetic.write(LocalTransport(root, durable=False), sources, messages,
+                    synthetic.local_mtime_setter(root))
+    proc = subprocess.run(
+        [sys.executable, "-c", "from ftpbc.cli import main; main()", "aggregate", "-c", str(config_file),
+         "--out", str(tmp_path / "out"), "--no-progress", "--master", "local[1]"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "chart.png").exists()
+    spark_lines = [line for line in proc.stderr.splitlines() if " WARN " in line or " INFO " in line]
+    assert spark_lines == []
+
+
+def test_spark_log_level_reaches_the_driver_jvm(tmp_path: Path) -> None:
+    from ftpbc.analytics.figures import defaults, session
+
+    conf = tmp_path / "log4j2.properties"
+    opts = defaults("local[1]", {}, log_conf=conf)["spark.driver.extraJavaOptions"]
+    assert f"-Dlog4j2.configurationFile={conf.as_uri()}" in opts.split()
+    assert "-Dlog4j2" not in defaults("local[1]", {})["spark.driver.extraJavaOptions"]
+    with pytest.raises(ValueError, match="'loud'"):
+        session("local[1]", log_level="loud")  # refused before any JVM starts

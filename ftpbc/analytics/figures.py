@@ -42,9 +42,32 @@ class Window:
     until_us: int | None = None
 
 
+#: levels ``--log-level`` accepts for Spark's own log (log4j2 names, lower case)
+LOG_LEVELS = ("error", "warn", "info", "debug")
+
+_LOG4J2 = """rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+"""
+
+
 def session(master: str = "local[*]", app: str = "ftpbc-aggregate",
-            extra: Mapping[str, str] | None = None) -> SparkSession:
-    """A Spark session for the job: no UI, UTC, few shuffle partitions (the figures are small)."""
+            extra: Mapping[str, str] | None = None, log_level: str = "error") -> SparkSession:
+    """A Spark session for the job: no UI, UTC, few shuffle partitions (the figures are small).
+
+    Spark's own log goes to stderr at ``log_level`` from the JVM's first line on (a log4j2
+    configuration given to the driver JVM at launch; ``setLogLevel`` alone would come after the
+    start-up warnings).  Lines the JVM prints itself, outside log4j, are not covered.  An
+    ``extra`` ``spark.driver.extraJavaOptions`` replaces that configuration with the rest.
+    """
+    import tempfile
+
+    if log_level not in LOG_LEVELS:
+        raise ValueError(f"log level {log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
     builder = (SparkSession.builder.master(master).appName(app)
                .config("spark.ui.enabled", "false")
                .config("spark.sql.session.timeZone", "UTC")
@@ -54,18 +77,23 @@ def session(master: str = "local[*]", app: str = "ftpbc-aggregate",
                # few dozen files on a direct listing read.
                .config("spark.sql.files.openCostInBytes", "4096")
                .config("spark.sql.sources.parallelPartitionDiscovery.threshold", "1000000"))
-    conf = {**defaults(master, os.environ), **(extra or {})}
-    # PySpark sends its Python workers' interpreter from the driver's PYSPARK_PYTHON (read when
-    # the context starts), not from spark.pyspark.python: the two are made to agree here.
-    os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
-    for k, v in conf.items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    # log4j2 reads its configuration once, when the driver JVM starts: the file is needed
+    # only until the session exists.
+    with tempfile.TemporaryDirectory(prefix="ftpbc-aggregate-") as tmp:
+        log_conf = Path(tmp) / "log4j2.properties"
+        log_conf.write_text(_LOG4J2.format(level=log_level))
+        conf = {**defaults(master, os.environ, log_conf=log_conf), **(extra or {})}
+        # PySpark sends its Python workers' interpreter from the driver's PYSPARK_PYTHON (read
+        # when the context starts), not from spark.pyspark.python: the two are made to agree here.
+        os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
+        for k, v in conf.items():
+            builder = builder.config(k, v)
+        spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(log_level.upper())
     return spark
 
 
-def defaults(master: str, environ: Mapping[str, str]) -> dict[str, str]:
+def defaults(master: str, environ: Mapping[str, str], log_conf: Path | None = None) -> dict[str, str]:
     """Settings that depend on where the job runs (``--conf`` overrides any of them).
 
     * Executors run the driver's interpreter (``spark.pyspark.python`` = ``sys.executable``)
@@ -75,8 +103,8 @@ def defaults(master: str, environ: Mapping[str, str]) -> dict[str, str]:
       ``--conf spark.pyspark.python=/path``.
     * A local run, or a cluster master on loopback (``spark://127.0.0.1:7077``), binds the
       driver to 127.0.0.1: nothing outside this machine needs to reach it.
-    * JVM options for the generated code (below); ``--conf spark.driver.extraJavaOptions=...``
-      replaces them.
+    * JVM options for the generated code (below) and, given ``log_conf``, the driver's log4j2
+      configuration file; ``--conf spark.driver.extraJavaOptions=...`` replaces them.
     """
     out = {"spark.pyspark.python": environ.get("PYSPARK_PYTHON") or sys.executable,
            # The name parsing compiles to one large generated method per stage, over HotSpot's
@@ -85,6 +113,8 @@ def defaults(master: str, environ: Mapping[str, str]) -> dict[str, str]:
            # earns back (docs/aggregate.md, "Performance").
            "spark.driver.extraJavaOptions": "-XX:-DontCompileHugeMethods -XX:TieredStopAtLevel=1",
            "spark.executor.extraJavaOptions": "-XX:-DontCompileHugeMethods"}
+    if log_conf is not None:
+        out["spark.driver.extraJavaOptions"] += f" -Dlog4j2.configurationFile={log_conf.as_uri()}"
     host = urlsplit(master).hostname if "://" in master else None
     if master.startswith("local") or host in ("127.0.0.1", "localhost", "::1"):
         out["spark.driver.host"] = out["spark.driver.bindAddress"] = "127.0.0.1"

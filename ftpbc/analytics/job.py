@@ -70,6 +70,8 @@ class Options:
     progress: bool = True
     print_table: bool = True
     spark_conf: dict[str, str] = field(default_factory=dict)
+    #: Spark's own log level on stderr (figures.LOG_LEVELS); "error" keeps its warnings out
+    log_level: str = "error"
 
 
 @dataclass
@@ -115,7 +117,7 @@ def run(opts: Options, spark: Any = None) -> Result:
     # still on the server can yield a record twice; a single listing of a folder cannot.
     dedupe = bool(compacted) or any(i.kind == "mirror" for i in inputs)
     if spark is None:
-        spark = fg.session(opts.master, extra=opts.spark_conf)
+        spark = fg.session(opts.master, extra=opts.spark_conf, log_level=opts.log_level)
     staging = opts.out / ".listing" / uuidlib.uuid4().hex[:12]
     try:
         parsed = fg.read_inputs(spark, [*inputs, *compacted], {s.endpoint: s.naming() for s in sources},
