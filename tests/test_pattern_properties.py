@@ -60,12 +60,14 @@ def any_patterns(draw: st.DrawFn) -> str:
     """Tokens and literals in any order, touching; a counter keeps one width."""
     parts = draw(st.lists(st.one_of(value_token, free_literal, separator), min_size=1, max_size=8))
     widths: dict[str, int] = {}
-    kept = []
+    kept: list[str] = []
     for part in parts:
         if part.startswith("%") and part not in ("%u", "%f", "%%") and part[1:2] not in LETTERS:
             ref = part[:part.index("}") + 1] if part.startswith("%{") else part[:2]
             if widths.setdefault(ref, len(part) // len(ref)) != len(part) // len(ref):
                 continue
+            if kept and kept[-1].endswith(ref):
+                continue  # "%{2}%{2}" after "%{2}%{2}" is one counter of twice the width
         kept.append(part)
     return "".join(kept)
 
