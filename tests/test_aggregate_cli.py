@@ -130,6 +130,14 @@ def test_aggregate_command_prints_and_writes_the_figures(
         assert [r["name"] for r in csv.DictReader(fh)] == [r["name"] for r in unanswered]
     assert (out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (out / ".listing").exists()  # this run's staging dataset is gone
+    # Every phase is told on stderr, in order, with its counts.
+    phases = [line.split("] ", 1)[1] for line in result.stderr.splitlines()
+              if line.startswith("aggregate [")]
+    assert [p.split(":")[0].split(" ")[0] for p in phases] == \
+        ["listing", "starting", "parsing", "figures", "outputs"], phases
+    assert phases[0].endswith("of 3 endpoints")
+    assert phases[3].endswith(f"{len(want)} endpoint-bucket rows, {len(nodes)} node rows, "
+                              f"{len(messages)} requests")
     secret = (pyftpdlib_server.password or "").encode()
     assert secret and secret not in result.stdout.encode()
     for f in out.rglob("*"):

@@ -20,8 +20,9 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
+import time
 import uuid as uuidlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -72,6 +73,9 @@ class Options:
     spark_conf: dict[str, str] = field(default_factory=dict)
     #: Spark's own log level on stderr (figures.LOG_LEVELS); "error" keeps its warnings out
     log_level: str = "error"
+    #: told one line per phase (listing, Spark start, parsing and figures, outputs) with its
+    #: counts and elapsed time; Spark runs for seconds between them with nothing else to show
+    report: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -89,6 +93,12 @@ def run(opts: Options, spark: Any = None) -> Result:
     from ftpbc.analytics.chart import draw
     from ftpbc.analytics.listing import Input
     from ftpbc.analytics.mirror import part_files, update_mirror
+
+    started = time.monotonic()
+
+    def say(what: str) -> None:
+        if opts.report is not None:
+            opts.report(f"[{time.monotonic() - started:6.1f} s] {what}")
 
     window = fg.Window(parse_bucket(opts.bucket),
                        parse_time(opts.since, "--since") if opts.since else None,
@@ -116,8 +126,13 @@ def run(opts: Options, spark: Any = None) -> Result:
     # Only the mirror (a crash between a part and its names) and a file both compacted and
     # still on the server can yield a record twice; a single listing of a folder cannot.
     dedupe = bool(compacted) or any(i.kind == "mirror" for i in inputs)
+    say(f"listing: {sum(i.kind == 'dir' for i in inputs)} archive folders, "
+        f"{sum(i.kind == 'mirror' for i in inputs)} mirror parts, {len(compacted)} compacted parts "
+        f"of {len(sources)} endpoints")
     if spark is None:
+        say(f"starting Spark ({opts.master})")
         spark = fg.session(opts.master, extra=opts.spark_conf, log_level=opts.log_level)
+    say("parsing names and pairing requests with replies")
     staging = opts.out / ".listing" / uuidlib.uuid4().hex[:12]
     try:
         parsed = fg.read_inputs(spark, [*inputs, *compacted], {s.endpoint: s.naming() for s in sources},
@@ -127,6 +142,8 @@ def run(opts: Options, spark: Any = None) -> Result:
         try:
             rows = fg.to_rows(fg.by_bucket(pairs), ["endpoint", "bucket"])
             nodes = fg.to_rows(fg.by_node(pairs), ["endpoint", "bucket", "node"])
+            say(f"figures: {len(rows)} endpoint-bucket rows, {len(nodes)} node rows, "
+                f"{sum(r['requests'] for r in rows)} requests")
             opts.out.mkdir(parents=True, exist_ok=True)
             _write_small(rows, opts.out / "figures")
             _write_small(nodes, opts.out / "nodes")
@@ -143,6 +160,7 @@ def run(opts: Options, spark: Any = None) -> Result:
         with contextlib.suppress(OSError):  # another run's staging may still be there: leave it
             staging.parent.rmdir()
     chart = draw(rows, opts.out / "chart.png", bucket_label=opts.bucket, bucket_us=window.bucket_us)
+    say(f"outputs written under {opts.out}")
     if opts.print_table:
         print(format_table(rows))
     return Result(rows, nodes, n_un, chart, stats_new)

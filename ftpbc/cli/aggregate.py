@@ -72,7 +72,8 @@ def aggregate(config_path: str, endpoints: tuple[str, ...], since: str | None, u
     result = run(Options(sources=sources, out=out_dir, bucket=bucket, since=since, until=until,
                          master=master, route=route, progress=not no_progress,
                          spark_conf=spark_conf,
-                         log_level=log_level or ("warn" if verbose else "error")))
+                         log_level=log_level or ("warn" if verbose else "error"),
+                         report=lambda line: click.echo(f"aggregate {line}", err=True)))
     click.echo(f"{len(result.figures)} rows; {result.unanswered} unanswered; chart: {result.chart}")
 
 
