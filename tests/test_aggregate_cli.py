@@ -13,6 +13,7 @@ The bad-input cases fail before Spark starts: one line on stderr naming what to 
 from __future__ import annotations
 
 import csv
+import logging
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -200,3 +201,17 @@ def test_spark_log_level_reaches_the_driver_jvm(tmp_path: Path) -> None:
     assert "-Dlog4j2" not in defaults("local[1]", {})["spark.driver.extraJavaOptions"]
     with pytest.raises(ValueError, match="'loud'"):
         session("local[1]", log_level="loud")  # refused before any JVM starts
+
+
+@pytest.mark.parametrize(("ftpbc_level", "spark_level"), [
+    (logging.WARNING, "error"), (logging.ERROR, "error"), (logging.INFO, "warn"), (logging.DEBUG, "info")])
+def test_spark_log_follows_ftpbcs_common_log_options(ftpbc_level: int, spark_level: str) -> None:
+    from ftpbc.cli.aggregate import spark_log_level
+
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(ftpbc_level)
+    try:
+        assert spark_log_level() == spark_level
+    finally:
+        root.setLevel(before)

@@ -198,7 +198,9 @@ def test_a_box_past_a_servers_listing_cap_is_consumed_by_stopped_listings(
     assert len(lc.transport.list(lc.layout.box)) <= CAPPED_LISTING < len(names)  # the premise
     provider = _run(node, seen, things)
     _consumed_once(seen, inbox, names, timeout=180)
-    assert provider.lister.passes >= 1, "the box was never taken as large"
+    # Parts, or passes: which of them consumed the box depends on how fast the handler drains
+    # it against the pass interval; either is a stopped listing of a box taken as large.
+    assert provider.lister.parts + provider.lister.passes >= 1, "the box was never taken as large"
     assert provider.lifecycle.transport.globs is False, "an empty glob listing was taken as a slice"
     assert seen.largest_backlog <= LARGE
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import click
@@ -30,12 +31,9 @@ from ftpbc.errors import ConfigError
               help="First move archived messages into <out>/compacted (Parquet) and remove them "
                    "from the server, journaled under node.journal_dir.")
 @click.option("--no-progress", is_flag=True, help="Draw no progress bars (none are drawn off a terminal).")
-@click.option("--log-level", type=click.Choice(["error", "warn", "info", "debug"]), default=None,
-              help="Show Spark's own log on stderr from this level on (default: error).")
-@click.option("-v", "--verbose", is_flag=True, help="Show Spark's warnings too (as --log-level warn).")
 def aggregate(config_path: str, endpoints: tuple[str, ...], since: str | None, until: str | None,
               bucket: str, out: str, master: str, confs: tuple[str, ...], route: str, compact: bool,
-              no_progress: bool, log_level: str | None, verbose: bool) -> None:
+              no_progress: bool) -> None:
     """Count requests, responses, errors, unanswered requests and latency per endpoint and time bucket.
 
     Reads the archive directories with Spark (the ``spark`` extra and Java 17); see docs/aggregate.md.
@@ -72,9 +70,17 @@ def aggregate(config_path: str, endpoints: tuple[str, ...], since: str | None, u
     result = run(Options(sources=sources, out=out_dir, bucket=bucket, since=since, until=until,
                          master=master, route=route, progress=not no_progress,
                          spark_conf=spark_conf,
-                         log_level=log_level or ("warn" if verbose else "error"),
+                         log_level=spark_log_level(),
                          report=lambda line: click.echo(f"aggregate {line}", err=True)))
     click.echo(f"{len(result.figures)} rows; {result.unanswered} unanswered; chart: {result.chart}")
+
+
+def spark_log_level() -> str:
+    """Spark's own log level, from ftpbc's (the common ``--log-level`` / ``-v`` / FTPBC_LOG_LEVEL):
+    errors only unless ftpbc logs at info (Spark's warnings too) or debug (its info too).  Spark
+    at debug would bury ftpbc's own lines."""
+    level = logging.getLogger().getEffectiveLevel()
+    return "info" if level <= logging.DEBUG else "warn" if level <= logging.INFO else "error"
 
 
 if __name__ == "__main__":
