@@ -206,7 +206,7 @@ def test_unusable_listed_names_are_skipped_once_and_never_become_paths(
     c = Compactor([src], tmp_path / "compacted", tmp_path / "journal", progress=False,
                   transport_factory=factory)
     try:
-        with caplog.at_level(logging.WARNING, logger="ftpbc.analytics.compact"):
+        with caplog.at_level(logging.WARNING):
             stats = c.run()
             c.run()  # the second run finds them again and says nothing more
     finally:
@@ -217,8 +217,11 @@ def test_unusable_listed_names_are_skipped_once_and_never_become_paths(
     asked = [p for t in made for p in t.asked]
     for bad in [*planted, long_name, ".."]:
         assert not [p for p in asked if p.endswith("/" + bad)], f"a path was built from {bad!r}"
+    # A name that is no bare name (a backslash, a line break) is refused by the transport's
+    # listing already, and said there; the rest by the compactor.  Either way, once.
     warnings = [r.getMessage() for r in caplog.records
-                if r.name == "ftpbc.analytics.compact" and r.levelno == logging.WARNING]
+                if r.name in ("ftpbc.analytics.compact", "ftpbc.transport.local")
+                and r.levelno == logging.WARNING]
     for bad in [*planted, long_name, ".."]:
         assert sum(repr(bad) in w for w in warnings) == 1, (bad, warnings)
     assert not [w for w in warnings if "\n" in w or "\x1b" in w], "a raw control character was logged"
