@@ -49,7 +49,7 @@ CHUNK = 256 * 1024
 _TLS_PIECE = 16 * 1024
 #: bytes one listing line may take (a name is at most MAX_NAME characters, see names.py)
 MAX_LISTING_LINE = 64 * 1024
-#: a transient 425 to EPSV/PASV is asked again this many times, after 10, 20, 40 ms
+#: a transient 425 to EPSV/PASV is asked again this many times, the pause doubling each time
 PASSIVE_RETRIES = 3
 #: a body of up to this many bytes, in memory, is written to a plain data connection right after
 #: STOR, without waiting for the server's 150 first: one round trip less for every message
