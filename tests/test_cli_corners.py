@@ -28,7 +28,7 @@ import pytest
 from ftpbc.analytics import compact as compact_module
 from ftpbc.analytics import mirror as mirror_module
 from ftpbc.analytics.sources import ARCHIVE_FOLDERS, sources_from_config
-from ftpbc.cli import LAZY_COMMANDS, cli, summary
+from ftpbc.cli import LAZY_COMMANDS, asked_format, cli, summary
 from ftpbc.client import Client
 from ftpbc.config.loader import load_config
 from ftpbc.errors import RequestTimeout, UnknownRequest
@@ -56,20 +56,37 @@ def serving(config: Path) -> Iterator[Path]:
         yield config
 
 
+def json_records(stderr: str) -> list[dict[str, Any]]:
+    """Every line of ``stderr``, each of which must be a JSON object (there must be one)."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines, "nothing on stderr"
+    return [json.loads(line) for line in lines]
+
+
 def json_lines(stderr: str) -> list[dict[str, Any]]:
     """The JSON log lines of ``stderr`` (each must parse); the command's own lines are skipped."""
     return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
 
 
-def all_commands() -> Iterator[tuple[str, ...]]:
-    """Every command path: ``("send",)``, ``("dlq", "list")``..."""
-    for name in sorted(LAZY_COMMANDS):
-        command = cli.get_command(click.Context(cli), name)
-        assert command is not None
-        yield (name,)
+def all_commands(group: click.Group = cli, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every command path the group offers, at any depth: ``("send",)``, ``("dlq",)``,
+    ``("dlq", "list")``... (walked, not listed: a command added later is in it)."""
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
+        yield (*path, name)
         if isinstance(command, click.Group):
-            for sub in sorted(command.commands):
-                yield (name, sub)
+            yield from all_commands(command, (*path, name))
+
+
+def command_at(path: tuple[str, ...]) -> click.Command:
+    command: click.Command | None = cli
+    for name in path:
+        assert isinstance(command, click.Group)
+        command = command.get_command(click.Context(command), name)
+    assert command is not None
+    return command
 
 
 # --------------------------------------------------------------------------- 1. log options
@@ -108,9 +125,53 @@ def test_one_shot_commands_log_warnings_only_by_default(config: Path) -> None:
 
 @pytest.mark.parametrize("path", list(all_commands()), ids=" ".join)
 def test_every_command_takes_the_log_options(path: tuple[str, ...]) -> None:
-    result = main_in_process(*path, "--log-level", "debug", "--log-format", "json", "--help")
+    result = main_in_process(*path, "--log-level", "debug", "--log-format", "json", "-v", "--help")
     assert result.returncode == 0, result.stderr
-    assert "--log-format [text|json]" in result.stdout and "--log-level" in result.stdout
+    for option in ("--log-level [debug|info|warning|error]", "-v, --verbose", "--log-format [text|json]"):
+        assert option in result.stdout, f"ftpbc {' '.join(path)} --help: no {option}"
+
+
+@pytest.mark.parametrize("path", list(all_commands()), ids=" ".join)
+def test_every_command_line_click_cannot_parse_fails_in_json(path: tuple[str, ...]) -> None:
+    """Click stops at the unknown option before it takes the --log-format after it: the
+    error is still the one JSON object on stderr."""
+    result = main_in_process(*path, "--log-format", "json", "--no-such-option")
+    assert result.returncode == 2, result.stderr
+    [line] = json_records(result.stderr)
+    assert line["level"] == "error" and line["error"] == "NoSuchOption", line
+    assert "--no-such-option" in line["message"]
+
+
+def config_commands() -> Iterator[tuple[str, ...]]:
+    """Every command that does its work on a configuration (``-c``), groups left out."""
+    for path in all_commands():
+        command = command_at(path)
+        if not isinstance(command, click.Group) and any(p.name == "config_path" for p in command.params):
+            yield path
+
+
+@pytest.mark.parametrize("path", list(config_commands()), ids=" ".join)
+def test_every_command_that_fails_logs_and_ends_in_json(path: tuple[str, ...], tmp_path: Path) -> None:
+    """Its arguments given, a configuration that is not there: at debug, every line on stderr,
+    the final error included, is one JSON object, and the last one says what failed."""
+    command = command_at(path)
+    arguments = ["1" for p in command.params if isinstance(p, click.Argument) and p.required]
+    if any(p.name == "data" for p in command.params):
+        arguments += ["--data", "x"]  # the body is checked before the configuration is read
+    missing = tmp_path / "nope.yaml"
+    result = main_in_process(*path, *arguments, "-c", str(missing), "--log-format", "json",
+                             "--log-level", "debug", env={"FTPBC_LOG_FORMAT": None})
+    assert result.returncode == 2, result.stderr
+    *_, last = json_records(result.stderr)
+    assert last == {**last, "level": "error", "error": "ConfigError",
+                    "message": f"{missing}: configuration file not found"}
+
+
+def test_the_last_log_format_asked_for_is_found_in_a_command_line_click_cannot_parse() -> None:
+    assert asked_format(["send", "--log-format", "text", "--bogus", "--log-format=json"]) == "json"
+    assert asked_format(["send", "--bogus", "--log-format", "yaml"]) is None
+    assert asked_format(["send", "--bogus", "--", "--log-format", "json"]) is None
+    assert asked_format(["send", "--bogus", "--log-format"]) is None
 
 
 # --------------------------------------------------------------------------- 2. progress bars
@@ -413,11 +474,7 @@ def test_top_level_help_lists_every_command_with_its_whole_summary() -> None:
 @pytest.mark.parametrize("path", list(all_commands()), ids=" ".join)
 def test_help_texts_in_one_style(path: tuple[str, ...]) -> None:
     """Every summary and option help: a capitalised sentence ending with a period."""
-    command: click.Command | None = cli
-    for name in path:
-        assert isinstance(command, click.Group)
-        command = command.get_command(click.Context(command), name)
-    assert command is not None
+    command = command_at(path)
     texts = {"summary": summary(command)}
     texts.update({p.name or "?": p.help for p in command.params
                   if isinstance(p, click.Option) and p.help and p.name not in ("help", "version")})

@@ -1,19 +1,17 @@
 """Diagnostics of the client commands: the log options every command shares (``--log-level``,
-``-v``, ``--log-format``), debug lines for what ``ftpbc request`` does, the final error as a JSON
-record, header rows of the text listings, and the quieter or clearer messages a new user meets
-(an empty box, an id already collected, plain FTP against a TLS-only server, journal
-directories of failed starts)."""
+``-v``, ``--log-format``; that every command has them: tests/test_cli_corners.py), debug lines
+for what ``ftpbc request`` does, the final error as a JSON record, and the quieter or clearer
+messages a new user meets (an empty box, an id already collected, plain FTP against a
+TLS-only server, journal directories of failed starts)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import re
 import uuid as uuidlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,7 +25,7 @@ from tests.cluster import in_process_config, write_config
 from tests.servers.handle import ServerHandle
 from tests.support import ftpbc_env, run_ftpbc
 from tests.test_bad_input import main_in_process
-from tests.test_cli_corners import all_commands
+from tests.test_cli_corners import json_records
 
 
 def echo(message: Message) -> bytes:
@@ -55,19 +53,7 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**env, **(extra or {})}
 
 
-def records(stderr: str) -> list[dict[str, Any]]:
-    """Every line of ``stderr``, each of which must be a JSON object."""
-    return [json.loads(line) for line in stderr.splitlines() if line.strip()]
-
-
 # --------------------------------------------------------------------------- the log options
-
-
-@pytest.mark.parametrize("path", list(all_commands()), ids=" ".join)
-def test_every_command_takes_v_as_well(path: tuple[str, ...]) -> None:
-    result = main_in_process(*path, "-v", "--help")
-    assert result.returncode == 0, result.stderr
-    assert "-v, --verbose" in result.stdout and "--log-level" in result.stdout
 
 
 @pytest.mark.parametrize("flag", [["--log-level", "debug"], ["-v"]], ids=["log-level", "v"])
@@ -98,7 +84,7 @@ def test_the_final_error_is_a_json_record(ftp_config: Path, before: bool) -> Non
     options = ["--log-format", "json", "--log-level", "info"]
     result = run_ftpbc(*(options + args if before else args + options), env=clean_env())
     assert result.returncode == 3, result.stderr
-    lines = records(result.stderr)
+    lines = json_records(result.stderr)
     assert any("withdrawn" in r["message"] for r in lines[:-1])
     last = lines[-1]
     assert last["level"] == "error" and last["error"] == "RequestTimeout" and last["logger"] == "ftpbc.cli"
@@ -110,7 +96,7 @@ def test_a_usage_error_is_a_json_record_too(ftp_config: Path) -> None:
     result = main_in_process("request", "-c", str(ftp_config), "quote", "--data", "x", "--timeout", "0",
                              "--log-format", "json")
     assert result.returncode == 2
-    [line] = records(result.stderr)
+    [line] = json_records(result.stderr)
     assert line["error"] == "BadParameter" and "--timeout" in line["message"]
 
 
@@ -119,7 +105,7 @@ def test_a_configuration_error_is_a_json_record_with_the_environment(tmp_path: P
     result = main_in_process("send", "-c", str(missing), "quote", "--data", "x",
                              env={"FTPBC_LOG_FORMAT": "json"})
     assert result.returncode == 2
-    [line] = records(result.stderr)
+    [line] = json_records(result.stderr)
     assert line == {**line, "level": "error", "error": "ConfigError",
                     "message": f"{missing}: configuration file not found"}
 
@@ -198,7 +184,7 @@ def test_request_of_plain_ftp_against_a_tls_only_server_fails_at_the_first_refus
     result = run_ftpbc("request", "-c", str(plain_to_tls), "--node-id", "cli", "quote", "--data", "x",
                        "--log-format", "json", "--log-level", "debug", env=clean_env())
     assert result.returncode == 2, result.stderr
-    *logged, last = records(result.stderr)
+    *logged, last = json_records(result.stderr)
     assert last["error"] == "TLSFailed" and "550 SSL/TLS required" in last["message"], last
     assert "requires TLS (an ftps:// URL)" in last["message"]
     # nothing was tried after the login's refusal: not a directory made, not a file sent

@@ -84,6 +84,34 @@ def cli() -> None:
     """Exchange messages through files on FTP, FTPS, SFTP servers or shared directories."""
 
 
+def asked_format(args: list[str]) -> str | None:
+    """The log format ``args`` ask for (the last ``--log-format X`` or ``--log-format=X`` before
+    a ``--``), None if none or not one of :data:`ftpbc.cli.logs.FORMATS`.
+
+    For an error click finds while it parses a command's arguments, before the command's
+    eager log options are taken (``ftpbc send --bogus --log-format json``): it is reported in
+    the format asked for, like every other error.  An option's value that reads
+    ``--log-format`` (``--data --log-format``) is taken for the option here: it changes the
+    final error's format, nothing else.
+    """
+    found: str | None = None
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == "--log-format" and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith("--log-format="):
+            found = arg.partition("=")[2]
+    return found if found in logs.FORMATS else None
+
+
+def _format_of_a_parse_error() -> None:
+    # Click stops at the first argument it cannot parse, before any eager option's callback
+    # has run: the format is then the one the command line asks for, if any.
+    if not logs.format_given() and (asked := asked_format(sys.argv[1:])) is not None:
+        logs.use_format(asked)
+
+
 def main() -> None:
     """Entry point: any FtpbcError becomes one line on stderr and exit status 2.
 
@@ -95,12 +123,14 @@ def main() -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
+        _format_of_a_parse_error()
         if logs.current_format() == "json":
             say("error", exc.format_message(), type(exc).__name__)
         else:
             exc.show()
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
+        _format_of_a_parse_error()
         if logs.current_format() == "json":
             say("interrupted", "aborted", "Abort")
         else:

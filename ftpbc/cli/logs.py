@@ -122,6 +122,8 @@ def setup(level: str | None = None, fmt: str | None = None, *, verbose: bool = F
     level = (level or os.environ.get(LEVEL_ENV) or ("debug" if verbose else default)).lower()
     if level not in LEVELS:
         raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
+    global _format_given
+    _format_given = _format_given or fmt is not None
     fmt = (fmt or os.environ.get(FORMAT_ENV) or "text").lower()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(fmt))
@@ -145,12 +147,29 @@ _level_before: int | None = None
 #: written after its context, and with it the log handler, is gone); None: none since
 #: :func:`forget_format`
 _format: str | None = None
+#: whether a :func:`setup` since :func:`forget_format` was given a format (the command line's)
+_format_given = False
 
 
 def forget_format() -> None:
     """Start afresh: :func:`final_line` follows the next :func:`setup` (or the environment)."""
-    global _format
+    global _format, _format_given
     _format = None
+    _format_given = False
+
+
+def format_given() -> bool:
+    """Whether the command line's format reached :func:`setup` since :func:`forget_format`."""
+    return _format_given
+
+
+def use_format(fmt: str) -> None:
+    """Write the final line in ``fmt`` (one of :data:`FORMATS`): the format a command line asked
+    for when it failed before its log options were taken."""
+    global _format
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    _format = fmt
 
 
 def current_format() -> str:
