@@ -35,6 +35,8 @@ POINTS = (
     "recover.before-op", "recover.after-op",
     # ftpbc dlq replay: a dead letter back to its box
     "replay.after-intent", "replay.after-rename",
+    # ftpbc replay: an archived message's copy noted as begun, then sent (before noted done)
+    "archive-replay.after-begin", "archive-replay.after-send",
     # a transaction (Client.transaction): each member staged, the commit record, the first exposed
     "tx.after-stage", "tx.after-commit-record", "tx.after-first-expose",
     # a pull consumer (Client.receive, consume, ftpbc receive): read, not yet handed over

@@ -32,6 +32,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "dlq": "ftpbc.cli.queues:dlq",
     "receive": "ftpbc.cli.receive:receive",
     "browse": "ftpbc.cli.queues:browse",
+    "replay": "ftpbc.cli.replay:replay",
     "status": "ftpbc.cli.status:status",
     "demo": "ftpbc.cli.demo:demo",
     "ftpd": "ftpbc.cli.demo:ftpd",

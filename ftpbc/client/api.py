@@ -6,8 +6,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
+from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO, Unpack
 
@@ -32,6 +34,8 @@ from ftpbc.exchange.consumer import AckMode, Consumer, Delivery, Receiver, as_se
 from ftpbc.exchange.deadletter import DeadLetters
 from ftpbc.exchange.layout import AreaLayout, PartnerLayout
 from ftpbc.exchange.lifecycle import op_id_for
+from ftpbc.exchange.replay import Archived, Plan, Replay
+from ftpbc.exchange.replay import Report as ReplayReport
 from ftpbc.exchange.runtime import Runtime
 from ftpbc.exchange.sweeper import UNCOLLECTED
 from ftpbc.exchange.topics import Registry, Subscription, subscriber_name
@@ -215,6 +219,36 @@ class Client:
         """The dead letters of ``endpoint``: list (with a selector), body, replay, purge
         (docs/queues.md)."""
         return DeadLetters(self.runtime.lifecycle(endpoint))
+
+    def replay(self, endpoint: str, since: datetime, until: datetime | None = None, *,
+               where: str | Selector | None = None, to: str | None = None, replay_id: str | None = None,
+               dry_run: bool = False, on_plan: Callable[[Plan], None] | None = None,
+               each: Callable[[Archived, str], None] | None = None) -> tuple[Plan, ReplayReport | None]:
+        """Send again, as new messages, the messages ``endpoint`` archived in ``since <= t <
+        until`` (the time its archive name gives), those ``where`` selects, to the inbox of
+        ``to`` (default: ``endpoint``'s own); return the plan (count, bytes, oldest, newest) and,
+        unless ``dry_run``, what was sent (``on_plan(plan)`` once the archive is listed, before
+        anything is sent; ``each(message, outcome)`` after each message).
+
+        Each copy has a new id derived from the replay's id and its original's, and carries
+        ``ftpbc_replay_of`` (the original's id) and ``ftpbc_replay_id``.  Guaranteed: the same
+        call run again on this host after an interruption sends each original once in all
+        (its progress is kept in ``state_dir``).  See docs/replay.md for what is not.
+        ConfigError for an unknown endpoint or a transfer; ValueError for an empty window or
+        a bad replay id; QueueFull when the target's inbox is full (the rest is left for a
+        rerun).
+        """
+        sel = as_selector(where)
+        source = self.runtime.lifecycle(endpoint)
+        target = source if to is None or to == endpoint else self.runtime.lifecycle(to)
+        job = Replay(source, target, Path(self.config.node.state_dir), since=since, until=until,
+                     selector=sel, replay_id=replay_id)
+        plan = job.plan()
+        if on_plan is not None:
+            on_plan(plan)
+        if dry_run:
+            return plan, None
+        return plan, job.run(plan, each=each)
 
     def browse(self, endpoint: str, selector: str | Selector | None = None, limit: int | None = None,
                bodies: bool = False) -> list[Waiting]:
