@@ -128,7 +128,9 @@ def figures(records: Sequence[dict[str, Any]], bucket_us: int = 3_600_000_000,
     for r in records:
         if r["uuid"] is None:
             continue
-        key = (r["endpoint"], r["uuid"])
+        # figures.pairing_endpoint: a reply sent through a request's reply_to pairs there
+        reply = r["kind"] in ("response", "error_reply") and r["folder"] in ("outarchive", "outerror")
+        key = (r["reply_to"] if reply and r["reply_to"] is not None else r["endpoint"], r["uuid"])
         p = pairs.get(key)
         if p is None:
             p = pairs[key] = _Pair()

@@ -3,6 +3,11 @@
 Each file is put into the stage directory under its staged name and renamed into its archive
 folder under the exact names of :mod:`ftpbc.exchange`, as the engine does.  The plan (what was
 written) is returned so that a test can compute the expected figures by itself.
+
+A share of the requests (:data:`REPLY_TO_SHARE` of those answered, failed or with an unreadable
+reply, when there are several endpoints) carries a ``reply_to`` naming another endpoint: their
+reply is archived in that endpoint's outbox folders, named by its response prefix and carrying
+``;r=<the request's endpoint>``, as a serving node names it.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ from typing import Literal
 from ftpbc.analytics.records import UNCOLLECTED
 from ftpbc.analytics.sources import ArchiveSource
 from ftpbc.exchange.area import ERROR_REPLY_SUFFIX, REASON_SUFFIX, archive_name, claim_name
+from ftpbc.model.names import pct
 from ftpbc.patterns.expand import ExpandContext, expand
 from ftpbc.patterns.grammar import parse
 
 Fate = Literal["answered", "uncollected", "failed", "unanswered", "unreadable"]
 FATES: tuple[tuple[Fate, float], ...] = (
     ("answered", 0.80), ("uncollected", 0.05), ("failed", 0.07), ("unanswered", 0.05), ("unreadable", 0.03))
+#: of the requests whose reply is archived by a collector, the share answered through reply_to
+REPLY_TO_SHARE = 0.10
 SERVERS = ("node-a", "node-b")
 CLIENTS = ("client-1", "client-2")
 
@@ -43,6 +51,8 @@ class Message:
     collected_at: datetime | None
     request_size: int
     response_size: int
+    #: the endpoint whose outbox got the reply (the request's reply_to); None: its own
+    reply_to: str | None = None
 
 
 def plan(sources: Sequence[ArchiveSource], per_endpoint: int, start: datetime, span: timedelta,
@@ -63,8 +73,13 @@ def plan(sources: Sequence[ArchiveSource], per_endpoint: int, start: datetime, s
                 collector, collected = None, None
             ctx = ExpandContext(endpoint=src.endpoint, now=t0, tz=src.timezone, uuid=u)
             name = src.request_prefix + expand(src.message_name, parse(src.message_name), ctx).name
+            others = [s.endpoint for s in sources if s.endpoint != src.endpoint]
+            reply_to = None
+            if others and fate in ("answered", "failed", "unreadable") and rnd.random() < REPLY_TO_SHARE:
+                reply_to = rnd.choice(others)
+                name += f";r={pct(reply_to)}"
             out.append(Message(src.endpoint, u, name, t0, fate, rnd.choice(SERVERS), served, collector,
-                               collected, rnd.randint(10, 200), rnd.randint(10, 300)))
+                               collected, rnd.randint(10, 200), rnd.randint(10, 300), reply_to))
     return out
 
 
@@ -105,9 +120,14 @@ def write(transport: object, sources: Sequence[ArchiveSource], messages: Sequenc
             place(src, "in", "error", archived + REASON_SUFFIX, 40, m.server_node)
         if m.collector is None or m.collected_at is None:
             continue
-        reply = src.response_prefix + m.uuid + (ERROR_REPLY_SUFFIX if failed else "")
+        # A reply through reply_to is staged in the other endpoint's area, under its naming,
+        # saying whose request it answers.
+        there = by_name[m.reply_to] if m.reply_to is not None else src
+        reply = there.response_prefix + m.uuid + (ERROR_REPLY_SUFFIX if failed else "")
+        if m.reply_to is not None:
+            reply += f";r={pct(m.endpoint)}"
         folder = "error" if m.fate == "unreadable" else "archive"
-        place(src, "out", folder, archive_name(reply, m.collector, m.collected_at), m.response_size,
+        place(there, "out", folder, archive_name(reply, m.collector, m.collected_at), m.response_size,
               m.collector)
 
 

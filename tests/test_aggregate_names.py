@@ -134,6 +134,12 @@ HOSTILE = [
     "r.00-001-1200AM_" + U + "_07.008",
     "r.26-999-0000AM_" + U + "_07.007", "job-2359-a-" + U, "job-2460-a/b-" + U,
     "é" * 60 + U, "req." + "x" * 250, f"req.{U}\u202e", "resp.\ufffd", f"resp.{U}\u2028",
+    # header fields read from the name (reply-to, correlation id): empty, broken, doubled, odd
+    f"resp.{U};r=", f"resp.{U};r=%zz", f"resp.{U};r=%FF", f"resp.{U};r=%", f"resp.{U};r=a+b",
+    f"resp.{U};r=a%2Bb%20c", f"resp.{U};x=1;r=first;r=second", f"resp.{U};.rS=x;r=ok",
+    f"resp.{U};c=r=x;rr=y", f"resp.{U};r=a%3Bb", f"req.{U};r=%EF%BF%BD", f"req.{U};r=q=1",
+    f"req.{U};r=caf%C3%A9;c=%E2%82%AC", f"req.{U};c=%C3%28", f"resp.{U}.error;r=other;p=3",
+    f"resp.{U};r=\u00e9\n", "resp.;r=x", f"resp.{U}r=x", f"resp.{U};R=x",
 ]
 
 
@@ -169,8 +175,16 @@ def test_spark_parses_every_name_as_the_python_reference(spark: Any) -> None:
         r = want[(endpoint, folder, archive_name(name, "node-a", WHEN))]
         return r["kind"], r["uuid"]
 
+    def headers(endpoint: str, folder: str, name: str) -> tuple[str | None, str | None]:
+        r = want[(endpoint, folder, name)]
+        return r["reply_to"], r["correlation_id"]
+
     for endpoint in ("plain", "paris", "ampm", "noday"):
         names = _ftpbc_names(endpoint)
+        stamped = [archive_name(n, "node-a", WHEN) for n in names]
+        assert headers(endpoint, "inarchive", stamped[1]) == ("audit queue/1", None)
+        assert headers(endpoint, "inarchive", stamped[2]) == (None, "order 42/7")
+        assert headers(endpoint, "outarchive", stamped[5]) == ("quote", None)
         assert {parsed(endpoint, "inarchive", n) for n in names[:3]} == {("request", U)}, endpoint
         assert {parsed(endpoint, "outarchive", n) for n in names[3:6]} == {("response", U)}, endpoint
         assert {parsed(endpoint, "outarchive", n) for n in names[6:]} == {("error_reply", U)}, endpoint
@@ -181,6 +195,19 @@ def test_spark_parses_every_name_as_the_python_reference(spark: Any) -> None:
     assert parsed("dbx", "outarchive", dbx[3]) == ("error_reply", "1140429201295000-9262574723")
     assert parsed("dbx", "outarchive", dbx[4]) == ("response", "id with. dots/and space")
     assert parsed("dbx", "inarchive", dbx[5])[0] == "other"  # one-way: no reply-to
+    assert headers("dbx", "inarchive", archive_name(dbx[0], "node-a", WHEN)) == ("TestQueue1", None)
+    assert headers("dbx", "inarchive", dbx[6]) == ("TestQueue1", "corr1283")
+    assert headers("dbx", "outarchive", "report.txt") == (None, None)  # a foreign reply
+    # The first field of its key wins; a field that is empty or not decodable says nothing;
+    # '+' is itself in ftpbc names (a space in DropboxMQ's).
+    for name, reply_to in ((f"resp.{U};x=1;r=first;r=second", "first"), (f"resp.{U};r=", None),
+                           (f"resp.{U};r=%zz", None), (f"resp.{U};r=%FF", None), (f"resp.{U};r=a+b", "a+b"),
+                           (f"resp.{U};.rS=x;r=ok", "ok"), (f"resp.{U};c=r=x;rr=y", None),
+                           (f"req.{U};r=%EF%BF%BD", None), (f"resp.{U}.error;r=other;p=3", "other")):
+        assert headers("plain", "outarchive" if name.startswith("resp.") else "inarchive", name)[0] == \
+            reply_to, name
+    assert headers("dbx", "inarchive", "4.id+with+plus.B...q") == ("q", None)
+    assert headers("plain", "inarchive", f"req.{U};r=caf%C3%A9;c=%E2%82%AC") == ("café", "€")
     # Times in names: the Paris name says 01:59:59.999 local on the night of the change (UTC+1),
     # the 12-hour one 12:00 AM on day 0 of 2026 (31 December 2025) in New York.
     paris = want[("paris", "inarchive", archive_name(_ftpbc_names("paris")[0], "node-a", WHEN))]
@@ -220,6 +247,7 @@ def test_job_figures_equal_the_plain_pass_on_every_naming_form(spark: Any, tmp_p
     sources = [ArchiveSource(e, srv, f"/{e}", request_prefix=n["request_prefix"],
                              response_prefix=n["response_prefix"], message_name=n["message_name"],
                              timezone=n["timezone"], naming_scheme=n["naming"]) for e, n in NAMINGS.items()]
+    by_name = {s.endpoint: s for s in sources}
     t0 = datetime(2026, 3, 28, 22, tzinfo=UTC)
     for s in sources:
         for i in range(60):
@@ -239,14 +267,28 @@ def test_job_figures_equal_the_plain_pass_on_every_naming_form(spark: Any, tmp_p
                 rbase = s.response_prefix + uid + (".error" if i % 7 == 0 else "")
                 resp = codec.encode(rbase, Headers(uid, "response", priority=i % 10,
                                                    type="ftpbc.error" if i % 7 == 0 else None), {})
+            # Every fifth reply goes through reply_to to another endpoint's outbox (plain's, or
+            # dbx's for plain's own requests), named as that endpoint names its replies.
+            there = s
+            if i % 5 == 2:
+                there = by_name["dbx" if s.endpoint == "plain" else "plain"]
+                error = i % 7 == 0
+                if there.naming_scheme == "dropboxmq":
+                    resp = DropboxmqCodec().encode("", Headers(uid, "response", correlation_id=uid,
+                                                               reply_to=s.endpoint,
+                                                               type="ftpbc.error" if error else None), {})
+                else:
+                    rbase = there.response_prefix + uid + (".error" if error else "")
+                    resp = _codec(there.endpoint).encode(rbase, Headers(
+                        uid, "response", reply_to=s.endpoint, type="ftpbc.error" if error else None), {})
             folder = "inerror" if i % 11 == 0 else "inarchive"
             archived = archive_name(req, f"node-{i % 3}", served)
             _write(root, s, folder, archived, 10 + i, when)
             if i % 11 == 0:
                 _write(root, s, "inerror", archived + REASON_SUFFIX, 5, when)
             if i % 9 != 0:  # unanswered otherwise
-                node = "uncollected" if i % 13 == 0 else f"client-{i % 2}"
-                _write(root, s, "outerror" if i % 17 == 0 else "outarchive",
+                node = "uncollected" if i % 13 == 0 and there is s else f"client-{i % 2}"
+                _write(root, there, "outerror" if i % 17 == 0 else "outarchive",
                        archive_name(resp, node, collected), 20 + i, collected)
         # Hostile names that the reference skips must be skipped by Spark too.  (Not the ones it
         # counts: several requests of one id archived at the same stamp by different nodes do not
@@ -274,3 +316,6 @@ def test_job_figures_equal_the_plain_pass_on_every_naming_form(spark: Any, tmp_p
     unanswered.sort(key=lambda r: (r["endpoint"], r["submitted"] is not None, r["submitted"], r["name"]))
     assert unanswered == ref.unanswered
     assert {r["t0_source"] for r in ref.figures} >= {"name", "mtime"}
+    # Replies through reply_to are paired with their requests: only the i % 9 == 0 are unanswered.
+    assert {(r["endpoint"], r["uuid"][:8]) for r in ref.unanswered} == \
+        {(s.endpoint, f"{i:08x}") for s in sources for i in range(60) if i % 9 == 0}

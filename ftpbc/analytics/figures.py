@@ -6,7 +6,9 @@ Definitions (docs/aggregate.md has the long form):
   it is counted in the bucket of its submit time T0: the time in its name when the endpoint's
   message_name has one, otherwise its modification time (kept by every rename on the way);
 * a *reply* is a response or an error reply in ``outarchive`` (or ``outerror`` when unreadable),
-  paired with its request by UUID;
+  paired with its request by UUID, in the endpoint its name's reply-to names when it has one
+  (a reply to another endpoint's request, sent through that request's ``reply_to``), else in
+  its own;
 * ``responses``: requests with a normal response; ``errors``: requests that failed (in
   ``inerror`` or answered by an error reply); ``unanswered``: requests with no reply at all;
   ``uncollected``: replies archived by a provider's sweep (node ``uncollected``), never collected;
@@ -209,22 +211,37 @@ def relevant(parsed: DataFrame, *, dedupe: bool = True) -> DataFrame:
     name are functions of the name) and aggregates only numbers: Spark then hashes instead of
     sorting (an aggregate buffer holding a string, as ``dropDuplicates`` keeps, forces a sort of
     every record).
+
+    Out: ``endpoint`` is the endpoint each record pairs in (:func:`pairing_endpoint`),
+    ``archived_in`` the one whose folder holds it.
     """
-    rel = parsed.filter(is_request() | is_reply())
-    if not dedupe:
-        return rel
-    # Partitioned on the pairing key first, so that this grouping and pairs' share one shuffle.
-    keys = ["endpoint", "uuid", "folder", "name", "kind", "node"]
-    return rel.repartition("endpoint", "uuid").groupBy(*keys).agg(
-        F.max("size").alias("size"), F.min("mtime_us").alias("mtime_us"),
-        F.max("mtime_prec_us").alias("mtime_prec_us"), F.min("stamp_us").alias("stamp_us"),
-        F.min("name_time_us").alias("name_time_us"), F.max("name_prec_us").alias("name_prec_us"))
+    rel = parsed.filter(is_request() | is_reply()).withColumn("pair_endpoint", pairing_endpoint())
+    if dedupe:
+        # Partitioned on the pairing key first, so that this grouping and pairs' share one shuffle.
+        keys = ["endpoint", "uuid", "folder", "name", "kind", "node", "reply_to", "correlation_id",
+                "pair_endpoint"]
+        rel = rel.repartition("pair_endpoint", "uuid").groupBy(*keys).agg(
+            F.max("size").alias("size"), F.min("mtime_us").alias("mtime_us"),
+            F.max("mtime_prec_us").alias("mtime_prec_us"), F.min("stamp_us").alias("stamp_us"),
+            F.min("name_time_us").alias("name_time_us"), F.max("name_prec_us").alias("name_prec_us"))
+    # The de-duplication keys both endpoints: a file is never merged with its twin in another.
+    return rel.withColumnsRenamed({"endpoint": "archived_in", "pair_endpoint": "endpoint"})
+
+
+def pairing_endpoint() -> Column:
+    """The endpoint a record pairs in: a reply's reply-to when its name has one (the endpoint
+    whose request it answers: the reply went to another endpoint's outbox), else its own.
+
+    A reply-to naming an endpoint that is not aggregated, or none at all, leaves the reply with
+    no request to pair with: it is not counted, as a reply to no archived request never is."""
+    return F.when(is_reply() & F.col("reply_to").isNotNull(), F.col("reply_to")).otherwise(F.col("endpoint"))
 
 
 def pairs(rel: DataFrame, window: Window) -> DataFrame:
     """One row per request, with its reply (if any), T0, bucket, latency and service time.
 
-    ``rel`` is :func:`relevant`'s output.  Requests and their replies share (endpoint, uuid), so
+    ``rel`` is :func:`relevant`'s output, its ``endpoint`` the pairing one.  Requests and their
+    replies share (endpoint, uuid), so
     one grouping on that key pairs them: one shuffle, where a group per side and a join would
     take three.  Reply columns are null for a request without a reply, as a left join would leave them.
 

@@ -16,6 +16,10 @@ endpoint's naming, ftpbc or dropboxmq, and its message_name, see :mod:`ftpbc.ana
     node     node that served (in) / collected (out) it; ``uncollected`` for a provider's sweep
     stamp_us when that node archived it (millisecond precision, from the name)
     name_time_us, name_prec_us   submit time written in a request's name, when there is one
+    reply_to the name's reply-to header (percent-decoded): for a request, the endpoint whose
+             outbox gets its reply; for a reply, the endpoint whose request it answers, when
+             that is not the endpoint it was archived in (the reply went through ``reply_to``)
+    correlation_id  the name's correlation id header (percent-decoded), when it carries one
 
 Schemas are explicit everywhere: Spark never infers one (inference costs a listing job and
 several times the read itself).
@@ -37,7 +41,8 @@ RAW_FIELDS: tuple[tuple[str, str], ...] = (
 )
 PARSED_FIELDS: tuple[tuple[str, str], ...] = (*RAW_FIELDS,
     ("kind", "string"), ("uuid", "string"), ("node", "string"), ("stamp_us", "long"),
-    ("name_time_us", "long"), ("name_prec_us", "long"),
+    ("name_time_us", "long"), ("name_prec_us", "long"), ("reply_to", "string"),
+    ("correlation_id", "string"),
 )
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -76,6 +81,11 @@ _CLASS, _EXPIRATION = re.compile(CLASS_RE), re.compile(EXPIRATION_RE)
 ERROR_TYPE = "ftpbc.error"
 #: folders of the request side ("in"); the others are the response side ("out")
 IN_FOLDERS = ("inarchive", "inerror")
+#: the kinds that carry headers (reply-to, correlation id): a request or a reply
+MESSAGE_KINDS = ("request", "response", "error_reply")
+#: ftpbc naming's keys of the headers read here (``model/headers.py``; ``docs/naming.md``)
+REPLY_TO_KEY = "r"
+CORRELATION_KEY = "c"
 
 
 def days_from_civil(year: int, month: int, day: int) -> int:
@@ -155,6 +165,34 @@ def unescape(text: str) -> str | None:
     return None if "\ufffd" in text else text
 
 
+def decode_field(text: str, *, plus: bool) -> str | None:
+    """A header value as the name carries it, percent-decoded; None when empty or not decodable.
+
+    ``plus``: ``+`` stands for a space (DropboxMQ); in ftpbc names it is itself.  Not decodable
+    as :func:`unescape` says (a broken escape, bytes that are not UTF-8, a U+FFFD).
+    """
+    if not plus and "+" in text:
+        text = text.replace("+", "%2B")
+    value = unescape(text)
+    return value or None
+
+
+def ftpbc_field(name: str, key: str) -> str | None:
+    """The value of the first ``;<key>=`` field of an ftpbc name (percent-decoded), or None.
+
+    Read as the figures need it, not validated as the codec would: the first field whose key is
+    ``key`` wins, and other fields (even ones the codec refuses) are not looked at.  Spark finds
+    the same field with one regular expression (``;<key>=([^;]*)``, leftmost).
+    """
+    semi = name.find(";")
+    if semi < 0:
+        return None
+    for token in name[semi + 1:].split(";"):
+        if token.startswith(key + "="):
+            return decode_field(token[len(key) + 1:], plus=False)
+    return None
+
+
 def _ftpbc_kind(name: str, folder: str, naming: Mapping[str, str]) -> tuple[str, str | None, int | None,
                                                                            int | None]:
     """(kind, uuid, name_time_us, name_prec_us) of a name in ftpbc naming (``docs/naming.md``)."""
@@ -210,6 +248,16 @@ def _dropboxmq_kind(name: str, folder: str) -> tuple[str, str | None]:
     return ("error_reply" if typ == ERROR_TYPE else "response"), (corr if fields[4] else uid)
 
 
+def _dropboxmq_headers(name: str) -> tuple[str | None, str | None]:
+    """(reply_to, correlation_id) of a DropboxMQ name :func:`_dropboxmq_kind` accepts as a
+    request or a reply: fields 6 and 5, percent-decoded (``+`` a space), None when empty."""
+    fields = name.split(".")
+    if len(fields) < 3 or _PRIORITY.fullmatch(fields[0]) is None:
+        return None, None  # not DropboxMQ's: a foreign reply has no header fields
+    fields += [""] * (8 - len(fields))
+    return decode_field(fields[5], plus=True), decode_field(fields[4], plus=True)
+
+
 def parse_record(raw: Mapping[str, Any], naming: Mapping[str, str]) -> dict[str, Any]:
     """One parsed record from one raw record and its endpoint's naming facts.
 
@@ -224,11 +272,20 @@ def parse_record(raw: Mapping[str, Any], naming: Mapping[str, str]) -> dict[str,
         archived = archived[: -len(REASON_SUFFIX)]
     name, node, stamp = split_archived(archived)
     kind, uuid, name_time, name_prec = "other", None, None, None
+    reply_to = correlation = None
+    dropboxmq = naming.get("naming", "ftpbc") == "dropboxmq"
     if is_reason:
         kind = "reason"
-    elif naming.get("naming", "ftpbc") == "dropboxmq":
+    elif dropboxmq:
         kind, uuid = _dropboxmq_kind(name, raw["folder"])
     else:
         kind, uuid, name_time, name_prec = _ftpbc_kind(name, raw["folder"], naming)
+    if kind in MESSAGE_KINDS:
+        if dropboxmq:
+            reply_to, correlation = _dropboxmq_headers(name)
+        else:
+            reply_to = ftpbc_field(name, REPLY_TO_KEY)
+            correlation = ftpbc_field(name, CORRELATION_KEY)
     return {**raw, "kind": kind, "uuid": uuid, "node": node, "stamp_us": stamp,
-            "name_time_us": name_time, "name_prec_us": name_prec}
+            "name_time_us": name_time, "name_prec_us": name_prec, "reply_to": reply_to,
+            "correlation_id": correlation}

@@ -30,11 +30,14 @@ from ftpbc.analytics.nametime import reader_for
 from ftpbc.analytics.records import (
     BAD_ESCAPE_RE,
     CLASS_RE,
+    CORRELATION_KEY,
     ERROR_TYPE,
     EXPIRATION_RE,
     IN_FOLDERS,
+    MESSAGE_KINDS,
     PARSED_FIELDS,
     PRIORITY_RE,
+    REPLY_TO_KEY,
     STAMP_RE,
     UNCOLLECTED,
 )
@@ -135,6 +138,25 @@ def _split_archived(df: DataFrame) -> DataFrame:
     return _stage(df, _base=base, node=node)
 
 
+def _url_decoded(value: Column) -> Column:
+    """The first half of ``records.decode_field`` (``plus=False``: ``+`` is itself), of a column
+    reference: percent-decoded, null when an escape is broken; :func:`_clean` is the rest."""
+    return F.when(~value.rlike(BAD_ESCAPE_RE), F.try_url_decode(F.regexp_replace(value, "\\+", "%2B")))
+
+
+def _clean(decoded: Column) -> Column:
+    """The rest of ``records.decode_field``, of a column reference: null when empty or holding
+    U+FFFD (bytes that were not UTF-8)."""
+    return F.when(~decoded.contains("\ufffd") & (decoded != ""), decoded)
+
+
+def _ftpbc_field(base: Column, key: str) -> Column:
+    """``records.ftpbc_field``: the first ``;<key>=`` field's value, still encoded (``""`` when
+    there is none, which ``_clean`` makes null).  The first ``;<key>=`` in the whole base is the
+    first such field: it holds a ``;``, so it cannot come before the first one."""
+    return F.regexp_extract(base, f";{key}=([^;]*)", 1)
+
+
 def _after(c: Column, prefix: str) -> Column:
     return c.substr(F.lit(len(prefix) + 1), F.lit(_MAX))
 
@@ -220,8 +242,12 @@ def _ftpbc(df: DataFrame, naming: Mapping[str, str]) -> DataFrame:
             .when(r.isNotNull(), F.when(rid == "", "other").when(is_err, "error_reply").otherwise("response"))
             .otherwise("other"))
     uuid = F.when(F.col("_rreq").isNotNull(), F.col("_ruuid")).when(rid != "", rid)
+    df = _stage(df, _fr=_ftpbc_field(F.col("_base"), REPLY_TO_KEY),
+                _fc=_ftpbc_field(F.col("_base"), CORRELATION_KEY))
+    df = _stage(df, _ur=_url_decoded(F.col("_fr")), _uc=_url_decoded(F.col("_fc")))
     return (df.select("*", kind.alias("_kind"), uuid.alias("_uuid"), F.col("_rtime").alias("_t"),
-                      F.col("_rprec").alias("_p")))
+                      F.col("_rprec").alias("_p"), _clean(F.col("_ur")).alias("_reply"),
+                      _clean(F.col("_uc")).alias("_corr")))
 
 
 def _dropboxmq(df: DataFrame) -> DataFrame:
@@ -256,7 +282,10 @@ def _dropboxmq(df: DataFrame) -> DataFrame:
             .when(inbound, uid)
             .when(field(4) != "", F.col("_d4")).otherwise(uid))
     none = F.lit(None).cast("long")
-    return (_stage(df, _uuid=uuid, _t=none, _p=none))
+    # records._dropboxmq_headers: fields 6 and 5 as decoded above, of a DropboxMQ name only
+    return (_stage(df, _uuid=uuid, _t=none, _p=none,
+                   _reply=F.when(~foreign, F.nullif(F.col("_d5"), F.lit(""))),
+                   _corr=F.when(~foreign, F.nullif(F.col("_d4"), F.lit("")))))
 
 
 def parse_names(raw: DataFrame, naming: Mapping[str, str]) -> DataFrame:
@@ -269,6 +298,8 @@ def parse_names(raw: DataFrame, naming: Mapping[str, str]) -> DataFrame:
         "uuid": F.when(~reason, F.col("_uuid")),
         "name_time_us": F.when(~reason, F.col("_t")),
         "name_prec_us": F.when(~reason, F.col("_p")),
+        "reply_to": F.when(~reason & F.col("_kind").isin(*MESSAGE_KINDS), F.col("_reply")),
+        "correlation_id": F.when(~reason & F.col("_kind").isin(*MESSAGE_KINDS), F.col("_corr")),
     }
     return df.select(*[out[n].cast("long" if t == "long" else "string").alias(n) if n in out else F.col(n)
                        for n, t in PARSED_FIELDS])
