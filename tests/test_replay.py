@@ -12,6 +12,7 @@ rename-replaces contract each server keeps). The crash tests run on pyftpdlib an
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,8 +21,9 @@ from typing import Any
 import pytest
 
 from ftpbc.client import Client
+from ftpbc.errors import ConfigError
 from ftpbc.exchange.replay import REPLAY_ID, REPLAY_OF, Progress, copy_id, progress_path, replay_id_for
-from ftpbc.model.envelope import Envelope, FtpbcCodec
+from ftpbc.model.envelope import DropboxmqCodec, Envelope, FtpbcCodec
 from ftpbc.node.serve import Node
 from tests.cluster import in_process_config, write_config
 from tests.servers.handle import ServerHandle
@@ -137,6 +139,73 @@ def test_the_copies_go_to_another_endpoint_and_a_replay_id_given_names_them(pyft
     assert len(copies) == 10
     assert {str(env.properties[REPLAY_ID]) for env, _ in copies.values()} == {"again-1", "again-2"}
     assert set(chosen) < {str(env.properties[REPLAY_OF]) for env, _ in copies.values()}
+
+
+def test_dropboxmq_names_are_replayed_in_their_own_grammar(pyftpdlib_server: ServerHandle, tmp_path: Path,
+                                                           things: list[Any]) -> None:
+    """An endpoint with DropboxMQ names: the copy is a DropboxMQ name too, its priority, class
+    and properties kept, the replay properties added, its id new."""
+    handle = pyftpdlib_server
+    repo = f"{handle.fresh_dir()}/ep"
+    client = Client(in_process_config(handle, tmp_path, "ops",
+                                      {"ep": {"repository": repo, **FAST, "naming": "dropboxmq"}}))
+    things.append(client)
+    client.runtime.lifecycle("ep")
+    original = "1140429201295000-9262574723"
+    _archive(handle, repo, f"7.{original}.T.....regionS=eu", "20260101T000001.000Z", b"dropbox body")
+    plan, report = client.replay("ep", SINCE, UNTIL)
+    assert report is not None and [i for i, _ in report.sent] == [original], report
+    [name] = area_files(handle, repo, "inbox")
+    env = DropboxmqCodec().decode(name, direction="in")
+    assert env is not None and env.headers.id == copy_id(plan.replay_id, original)
+    assert (env.headers.priority, env.headers.message_class) == (7, "T")
+    assert dict(env.properties) == {"region": "eu", REPLAY_OF: original, REPLAY_ID: plan.replay_id}
+    assert (handle.local(f"{repo}/inbox") / name).read_bytes() == b"dropbox body"
+
+
+def test_hostile_archive_entries_are_left_out_or_reported_and_the_rest_go_on(
+        pyftpdlib_server: ServerHandle, tmp_path: Path, things: list[Any]) -> None:
+    """A name that is no message (left out, counted unusable), a directory, a file larger than
+    max_message_bytes (reported, not sent): the others are sent all the same, and a file put
+    in the archive without a stamp in its name is timed by its modification time.  While one
+    process runs a replay, another run of it is refused, naming its progress record."""
+    handle = pyftpdlib_server
+    repo = f"{handle.fresh_dir()}/ep"
+    client = Client(in_process_config(handle, tmp_path, "ops",
+                                      {"ep": {"repository": repo, **FAST, "max_message_bytes": 100}}))
+    things.append(client)
+    client.runtime.lifecycle("ep")
+    u1, u2, u3, u4 = (str(uuid.uuid4()) for _ in range(4))
+    _archive(handle, repo, f"msg.{u1}", "20260101T000001.000Z", b"ok one")
+    _archive(handle, repo, f"msg.{u2}", "20260101T000002.000Z", b"x" * 101)
+    _archive(handle, repo, "not-a-message", "20260101T000003.000Z", b"?")
+    archive = handle.local(f"{repo}/inarchive")
+    (archive / "sub~node-x~20260101T000003.000Z").mkdir()
+    foreign = archive / f"msg.{u3}"
+    foreign.write_bytes(b"put there by hand")
+    stamp = datetime(2026, 1, 1, 0, 0, 4, tzinfo=UTC).timestamp()
+    os.utime(foreign, (stamp, stamp))
+    _archive(handle, repo, f"msg.{u4}", "20260101T000005.000Z", b"ok four")
+    since, until = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
+
+    plan, _ = client.replay("ep", since, until, dry_run=True)
+    assert [m.id for m in plan.messages] == [u1, u2, u3, u4] and plan.unusable == 1
+    held = Progress(progress_path(tmp_path / "state", plan.replay_id))
+    held.open_locked()
+    try:
+        with pytest.raises(ConfigError, match="running in another process"):
+            client.replay("ep", since, until)
+    finally:
+        held.close()
+    assert not area_files(handle, repo, "inbox")
+
+    _, report = client.replay("ep", since, until)
+    assert report is not None
+    assert [i for i, _ in report.sent] == [u1, u3, u4]
+    [(skipped, why)] = report.skipped
+    assert skipped == u2 and "101" in why and "100" in why
+    copies = {str(env.properties[REPLAY_OF]): body for env, body in _inbox(handle, repo).values()}
+    assert copies == {u1: b"ok one", u3: b"put there by hand", u4: b"ok four"}
 
 
 def _served_by_original(seen: Seen) -> dict[str, int]:

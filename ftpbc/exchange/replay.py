@@ -42,12 +42,13 @@ Idempotence
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import re
 import uuid as uuidlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,6 +62,7 @@ from ftpbc.faults import crash_point
 from ftpbc.model.envelope import Envelope, PropertyValue
 from ftpbc.model.selector import Selector
 from ftpbc.patterns import ExpandContext, Pattern
+from ftpbc.transport.base import Entry
 
 log = logging.getLogger("ftpbc.replay")
 
@@ -174,7 +176,32 @@ class Progress:
         if path.exists():
             self._read()
 
+    def open_locked(self) -> None:
+        """Open the record for appending, holding its lock until :meth:`close`, and read it
+        again (a run that ended meanwhile may have added to it).  ConfigError when another
+        process holds it: two runs of one replay at once would both send what neither noted.
+        A filesystem without locks (ENOLCK: NFS without lockd) is logged and the run goes on."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(f"{self.path}: this replay is running in another process (its progress "
+                              "record is locked); wait for it to end") from None
+        except OSError as exc:
+            log.warning("%s: cannot lock the replay's progress record (%s); make sure no other "
+                        "process runs this replay", self.path, exc.strerror or exc)
+        self._fh = fd
+        try:
+            self._read()
+        except BaseException:
+            self.close()
+            raise
+
     def _read(self) -> None:
+        self.since = self.until = None
+        self.done, self.in_doubt = set(), set()
         with self.path.open("rb") as fh:
             for number, raw in enumerate(fh, 1):
                 if number > PROGRESS_LINES or len(raw) > PROGRESS_LINE_BYTES:
@@ -208,10 +235,9 @@ class Progress:
                     raise ConfigError(f"{self.path}: line {number}: unknown key {key!r}")
 
     def note(self, key: str, value: str) -> None:
-        """Append ``{key: value}`` and fsync it."""
+        """Append ``{key: value}`` and fsync it (the record is open: :meth:`open_locked`)."""
         if self._fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            raise RuntimeError(f"{self.path}: the progress record is not open")
         line = json.dumps({key: value}).encode("utf-8") + b"\n"
         os.write(self._fh, line)
         os.fsync(self._fh)
@@ -266,33 +292,39 @@ class Replay:
         layout = self.source.layout
         assert isinstance(layout, AreaLayout)
         until = self.until if self.until is not None else datetime.now(UTC)
-        try:
-            entries = self.source.transport.list(layout.archive_dir)
-        except NotFound:
-            entries = []
-        found: list[Archived] = []
-        unusable = 0
-        for e in entries:
+        directory = layout.archive_dir.rstrip("/")
+        # Streamed: only what the window and the selector take is kept (by path: a listing
+        # retried after a dropped connection may hand an entry over twice).
+        found: dict[str, Archived] = {}
+        unusable: set[str] = set()
+
+        def visit(e: Entry) -> bool:
             if e.is_dir:
-                continue
+                return True
             name, node, when = parse_archive_name(e.name)
             if node is None or when is None:
                 name, when = e.name, e.mtime
             if when is None or not self.since <= when < until:
-                continue
+                return True
             cand = layout.decode_name(name)
             if cand is None:
-                unusable += 1  # the layout logged why, once
-                continue
+                unusable.add(e.name)  # the layout logged why, once
+                return True
             env = cand.envelope
             if env.properties.get(REPLAY_ID) == self.replay_id:
-                continue  # a copy this replay made, served since: never replayed again
-            if self.selector is not None and not self.selector.matches(env.headers, env.properties):
-                continue
-            found.append(Archived(f"{layout.archive_dir.rstrip('/')}/{e.name}", name, e.size, when, env))
-        found.sort(key=lambda a: (a.when, a.name, a.path))
+                return True  # a copy this replay made, served since: never replayed again
+            if self.selector is None or self.selector.matches(env.headers, env.properties):
+                path = f"{directory}/{e.name}"
+                found[path] = Archived(path, name, e.size, when, env)
+            return True
+
+        try:
+            self.source.transport.scan(layout.archive_dir, visit)
+        except NotFound:
+            pass  # no archive yet: nothing to replay
+        messages = sorted(found.values(), key=lambda a: (a.when, a.name, a.path))
         return Plan(self.replay_id, layout.key, self.target.layout.key, self.since, until, self.selector,
-                    found, unusable)
+                    messages, len(unusable))
 
     # ------------------------------------------------------------------ sending
 
@@ -300,12 +332,13 @@ class Replay:
         """Send a copy of every message of ``plan`` not sent by a run before; ``each(message,
         outcome)`` after each one.  QueueFull (the target's inbox is full) stops the replay, the
         rest left for a rerun; any other failure of one message is reported and the rest go on."""
-        if self.progress.until is None:
-            self.progress.note("since", plan.since.isoformat())
-            self.progress.note("until", plan.until.isoformat())
-        report = Report(self.replay_id)
-        present = self._copies_present(plan) if self.progress.in_doubt else set()
+        self.progress.open_locked()
         try:
+            if self.progress.until is None:
+                self.progress.note("since", plan.since.isoformat())
+                self.progress.note("until", plan.until.isoformat())
+            report = Report(self.replay_id)
+            present = self._copies_present(plan) if self.progress.in_doubt else set()
             for m in plan.messages:
                 outcome = self._one(m, present, report)
                 if each is not None:
@@ -377,17 +410,16 @@ class Replay:
         dirs = [layout.box, layout.select, layout.error, getattr(layout, "archive_dir", None),
                 layout.expired_dir, layout.dead_dir]
         found: set[str] = set()
-        for d in dirs:
-            if d is None:
-                continue
-            for name in self._names(d):
-                found.update(w for w in wanted if w in name)
-        return found
 
-    def _names(self, directory: str) -> Iterator[str]:
-        try:
-            for e in self.target.transport.list(directory):
-                if not e.is_dir:
-                    yield e.name
-        except NotFound:
-            return
+        def visit(e: Entry) -> bool:
+            found.update(w for w in wanted if w in e.name)
+            return len(found) < len(wanted)
+
+        for d in dirs:
+            if d is None or len(found) == len(wanted):
+                continue
+            try:
+                self.target.transport.scan(d, visit)
+            except NotFound:
+                continue
+        return found
