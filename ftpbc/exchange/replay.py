@@ -412,7 +412,11 @@ class Replay:
         found: set[str] = set()
 
         def visit(e: Entry) -> bool:
-            found.update(w for w in wanted if w in e.name)
+            if any(w in e.name for w in wanted):
+                # decoded, not only matched: a copy of a copy carries the id as a property
+                cand = layout.decode_name(parse_archive_name(e.name)[0])
+                if cand is not None and cand.uuid in wanted:
+                    found.add(cand.uuid)
             return len(found) < len(wanted)
 
         for d in dirs:
