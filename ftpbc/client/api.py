@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime
@@ -41,8 +41,10 @@ from ftpbc.exchange.sweeper import UNCOLLECTED
 from ftpbc.exchange.topics import Registry, Subscription, subscriber_name
 from ftpbc.exchange.transaction import Transaction
 from ftpbc.metrics import NULL_CLIENT_OBSERVER, ClientMetrics, ClientObserver, HttpServer, serve_http
-from ftpbc.model.headers import MessageOptions
+from ftpbc.model.headers import Kind, MessageOptions, PropertyValue
+from ftpbc.model.names import NameTooLong
 from ftpbc.model.selector import Selector
+from ftpbc.tracing import Traced, producing, with_trace_properties
 from ftpbc.transport.base import Entry
 
 log = logging.getLogger("ftpbc.client")
@@ -186,15 +188,21 @@ class Client:
             op_id = op_id_for(None, "send")
             return lc.send(lc.layout.plan(op_id, self.runtime.node_id), _bytes(body), op_id=op_id,
                            kind="transfer")
-        name, uid = self.runtime.new_message(endpoint, "oneway", **options)
-        return self._send(endpoint, name, uid, body, "oneway")
+        with producing("send", endpoint, client_id=self.runtime.node_id) as span:
+            name, uid = self._new_message(span, endpoint, "oneway", options)
+            if span:
+                span.message(uid, _size(body), options.get("correlation_id"))
+            return self._send(endpoint, name, uid, body, "oneway")
 
     def submit(self, endpoint: str, body: bytes | str | BinaryIO, **options: Unpack[MessageOptions]) -> str:
         """Send a request without waiting; return its UUID for :meth:`collect` (options as
         :meth:`send`, and ``reply_to``: the endpoint whose outbox gets the response, to
         collect there; docs/queues.md, Reply-to)."""
-        name, uid = self.runtime.new_message(endpoint, "request", **options)
-        self._send(endpoint, name, uid, body, "request")
+        with producing("submit", endpoint, client_id=self.runtime.node_id) as span:
+            name, uid = self._new_message(span, endpoint, "request", options)
+            if span:
+                span.message(uid, _size(body), options.get("correlation_id"))
+            self._send(endpoint, name, uid, body, "request")
         self._submitted.add((options.get("reply_to") or endpoint, uid))
         self._observer.sent(endpoint)
         return uid
@@ -205,6 +213,21 @@ class Client:
         process killed anywhere ends, after recovery of this identity, with all or none
         (docs/queues.md, Transactions)."""
         return Transaction(self.runtime, on_submit=lambda endpoint, uid: self._submitted.add((endpoint, uid)))
+
+    def _new_message(self, span: Traced, endpoint: str, kind: Kind,
+                     options: MessageOptions) -> tuple[str, str]:
+        """:meth:`Runtime.new_message`, its properties with ``span``'s trace context when
+        tracing is on (left out, a part then the whole, when the name has no room for it)."""
+        if not span:
+            return self.runtime.new_message(endpoint, kind, **options)
+
+        def make(properties: Mapping[str, PropertyValue] | None) -> tuple[str, str]:
+            given = options.copy()
+            if properties is not None:
+                given["properties"] = properties
+            return self.runtime.new_message(endpoint, kind, **given)
+
+        return with_trace_properties(span, options.get("properties"), make, NameTooLong)
 
     def _send(self, endpoint: str, name: str, uid: str, body: bytes | str | BinaryIO, kind: str) -> str:
         lc = self.runtime.lifecycle(endpoint)
@@ -324,37 +347,50 @@ class Client:
         With ``reply_to`` the response is awaited in that endpoint's outbox, and in this one's
         too, where a node that cannot reach ``reply_to`` sends its error reply.
         """
-        name, uid = self.runtime.new_message(endpoint, "request", **options)
         reply_to = options.get("reply_to")
-        poller = self._poller(reply_to or endpoint)
-        # Registered before sending, and this very future awaited: a reply delivered before this
-        # thread gets to wait (a busy machine) completes it all the same.
-        fut = poller.wait_for(uid)
-        home = self._poller(endpoint) if reply_to not in (None, endpoint) else None
-        if home is not None:
-            fut = _first_of(fut, home.wait_for(uid))
-        started = time.monotonic()
-        try:
-            self._send(endpoint, name, uid, body, "request")
-        except BaseException as exc:
-            poller.forget(uid)
+        with producing("request", endpoint, client_id=self.runtime.node_id) as span:
+            name, uid = self._new_message(span, endpoint, "request", options)  # reply_to checked
+            if span:
+                span.message(uid, _size(body), options.get("correlation_id"))
+            poller = self._poller(reply_to or endpoint)
+            home = self._poller(endpoint) if reply_to not in (None, endpoint) else None
+            # Registered before sending, and this very future awaited: a reply delivered before
+            # this thread gets to wait (a busy machine) completes it all the same.
+            fut = poller.wait_for(uid)
             if home is not None:
-                home.forget(uid)
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                # Interrupted between the rename into place and the send's return: the request
-                # may be in the inbox already, and nobody will wait for its answer.
-                self._withdraw(endpoint, name, uid)
-            raise
+                fut = _first_of(fut, home.wait_for(uid))
+            started = time.monotonic()
+            try:
+                self._send(endpoint, name, uid, body, "request")
+            except BaseException as exc:
+                poller.forget(uid)
+                if home is not None:
+                    home.forget(uid)
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    # Interrupted between the rename into place and the send's return: the request
+                    # may be in the inbox already, and nobody will wait for its answer.
+                    self._withdraw(endpoint, name, uid)
+                raise
         self._observer.sent(endpoint)
+        waiting = time.time_ns() if span else 0
         try:
-            return self._await(poller, uid, fut, timeout, name, started)
-        except (RequestTimeout, KeyboardInterrupt, SystemExit):
+            answer = self._await(poller, uid, fut, timeout, name, started)
+        except (RequestTimeout, KeyboardInterrupt, SystemExit) as exc:
             poller.forget(uid)
             self._withdraw(endpoint, name, uid)
+            span.received(reply_to or endpoint, waiting, error=f"{type(exc).__name__}: no reply",
+                          client_id=self.runtime.node_id)
+            raise
+        except FtpbcError as exc:  # an error reply, or one saying the request expired
+            span.received(reply_to or endpoint, waiting, message_id=uid, error=str(exc),
+                          client_id=self.runtime.node_id)
             raise
         finally:
             if home is not None:
                 home.forget(uid)  # the answer came to the other outbox, or none will
+        span.received(reply_to or endpoint, waiting, message_id=uid, body_size=len(answer),
+                      client_id=self.runtime.node_id)
+        return answer
 
     def _withdraw(self, endpoint: str, name: str, uid: str) -> None:
         """Delete request ``name`` from the inbox unless a provider claimed it (or it never got
@@ -408,8 +444,11 @@ class Client:
         self._registry(topic)  # ConfigError for a name that is not a topic
         if "reply_to" in options:
             raise ValueError("reply_to is for requests: a message published to a topic gets no reply")
-        name, uid = self.runtime.new_message(topic, "oneway", **options)
-        self._send(topic, name, uid, body, "oneway")
+        with producing("publish", topic, client_id=self.runtime.node_id) as span:
+            name, uid = self._new_message(span, topic, "oneway", options)
+            if span:
+                span.message(uid, _size(body), options.get("correlation_id"))
+            self._send(topic, name, uid, body, "oneway")
         return uid
 
     def subscribe(self, topic: str, name: str | None = None, *, durable: bool = True,
@@ -538,6 +577,13 @@ def _since(started: float | None) -> float | None:
     return None if started is None else time.monotonic() - started
 
 
+
+
+def _size(body: bytes | str | BinaryIO) -> int | None:
+    """A body's size in bytes when known without reading it (None for a stream)."""
+    if isinstance(body, bytes):
+        return len(body)
+    return len(body.encode("utf-8")) if isinstance(body, str) else None
 
 
 def _bytes(body: bytes | str | BinaryIO) -> bytes | BinaryIO:

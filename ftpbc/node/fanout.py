@@ -33,6 +33,7 @@ from ftpbc.exchange.topics import Registry, UnknownSubscription, fan_out
 from ftpbc.exchange.transaction import open_transactions
 from ftpbc.model.message import Message
 from ftpbc.node.provider import Provider
+from ftpbc.tracing import consuming
 
 log = logging.getLogger("ftpbc.fanout")
 
@@ -60,6 +61,19 @@ class FanOut(Provider):
         self.copies = 0
 
     def _serve(self, claimed: Claimed) -> bool:
+        env = claimed.candidate.envelope
+        # A span for the fan-out, a child of the publisher's; the copies keep the published name,
+        # so they carry the publisher's trace context on to the subscribers.
+        with consuming("fanout", self.name, env.properties, client_id=self.lifecycle.node_id) as span:
+            if span:
+                span.message(env.headers.id, claimed.size if claimed.size >= 0 else None,
+                             env.headers.correlation_id)
+            done = self._fan_out(claimed)
+            if span and not done:
+                span.failed("not fanned out: returned, lost, filed as unreadable, or left for recovery")
+            return done
+
+    def _fan_out(self, claimed: Claimed) -> bool:
         started = time.monotonic()
         # Every subscription that existed when this message was published is in a registry
         # listing begun after the inbox listing the claim came from (the latest one).

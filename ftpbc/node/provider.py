@@ -41,6 +41,7 @@ from ftpbc.model.message import Message, result_bytes
 from ftpbc.node.failure import DEFAULT_ERROR_REPLY, failure_reason
 from ftpbc.node.poller import Poller as Poller
 from ftpbc.node.poller import PollSettings, log_extra
+from ftpbc.tracing import consuming
 
 log = logging.getLogger("ftpbc.provider")
 
@@ -254,7 +255,12 @@ class Provider(Poller):
                 return self._fenced(claimed, started)
             handler_started = time.monotonic()
             try:
-                returned = self.handler(message)
+                # The handler's span: a child of the sender's (the trace context its properties
+                # carry), current while the handler runs, so the handler's own spans are its children.
+                with consuming("process", self.name, env.properties, client_id=lc.node_id) as span:
+                    if span:
+                        span.message(env.headers.id, size, env.headers.correlation_id)
+                    returned = self.handler(message)
                 result = None if returned is None and self.result_optional else result_bytes(returned)
             except Exception as exc:  # the handler is user code: any failure is its reply
                 error = failure_reason(exc, getattr(self.config, "error_reply", DEFAULT_ERROR_REPLY),

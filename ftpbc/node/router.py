@@ -65,6 +65,7 @@ from ftpbc.node.poller import Poller
 from ftpbc.paths import join
 from ftpbc.routing.rules import Ruleset, first_match, text_of, with_defaults
 from ftpbc.routing.templates import Lookup, Target, TemplateError, parse_destination
+from ftpbc.tracing import TRACE_PROPERTIES, consuming, current_properties
 from ftpbc.transport.base import Transport
 
 log = logging.getLogger("ftpbc.route")
@@ -196,8 +197,18 @@ class Router(Poller):
     def _route_one(self, claimed: Claimed) -> bool:
         # Handling while the route decides (nothing journaled yet: a shutdown may hand it back),
         # finishing once it delivers (a delivery under way is this node's until its recovery).
-        with self.claims.holding(claimed):
-            return self._route(claimed)
+        env = claimed.candidate.envelope
+        # The route's span, a child of the sender's; current while it decides and delivers, so
+        # the routed message names it as its parent (_plan).
+        with self.claims.holding(claimed), consuming("route", self.route.source, env.properties,
+                                                     client_id=self.node_id) as span:
+            if span:
+                span.message(env.headers.id, claimed.size if claimed.size >= 0 else None,
+                             env.headers.correlation_id)
+            done = self._route(claimed)
+            if span and not done:
+                span.failed("not settled here: returned, lost to another node, or left for recovery")
+            return done
 
     def _route(self, claimed: Claimed) -> bool:
         lc = self.lifecycle
@@ -275,6 +286,7 @@ class Router(Poller):
         props = dict(env.properties)
         for key, value in (ruleset.defaults.items() if ruleset is not None else ()):
             props.setdefault(key, value)
+        props.update(current_properties())  # the route's span as the parent (tracing on)
         config = self.full_config
         if target.kind in ("endpoint", "topic"):
             table: Mapping[str, object] = config.endpoints if target.kind == "endpoint" else config.topics
@@ -537,6 +549,12 @@ def _endpoint_name(layout: AreaLayout, env: Envelope, props: dict[str, PropertyV
     tries = [props] if reason is None else [
         {**props, REASON_PROPERTY: str(reason)[:n]} for n in (REASON_IN_NAME, 24)] + [
         {k: v for k, v in props.items() if k != REASON_PROPERTY}]
+    # Tracing never costs a delivery: the message's own trace context, not the route's, when
+    # the route's does not fit (the route's span adds one to a message that had none).
+    own = {k: v for k, v in tries[-1].items() if k not in TRACE_PROPERTIES}
+    own.update((k, env.properties[k]) for k in TRACE_PROPERTIES if k in env.properties)
+    if own != tries[-1]:
+        tries.append(own)
     error: Exception | None = None
     for attempt in tries:
         try:
