@@ -37,7 +37,7 @@ spark = test_aggregate.spark
 U = "4d4f6177-f085-456b-94d1-1ed22baae814"
 V = "0b5e8a1c-3f2d-4e6a-9b7c-1d2e3f4a5b6c"
 WHEN = datetime(2026, 3, 29, 0, 59, 59, 999_000, tzinfo=UTC)  # the night Paris moves to summer time
-FOLDERS = ("inarchive", "inerror", "outarchive", "outerror")
+FOLDERS = ("inarchive", "inerror", "outarchive", "outerror", "indead")
 
 #: endpoint -> naming facts, one per form the parser knows
 NAMINGS: dict[str, dict[str, str]] = {
@@ -191,6 +191,7 @@ def test_spark_parses_every_name_as_the_python_reference(spark: Any) -> None:
     dbx = _dropboxmq_names()
     assert parsed("dbx", "inarchive", dbx[0]) == ("request", "1140429201295000-9262574723")
     assert parsed("dbx", "inarchive", dbx[1]) == ("request", "id with. dots/and space")
+    assert parsed("dbx", "indead", dbx[0]) == ("request", "1140429201295000-9262574723")  # request side
     assert parsed("dbx", "outarchive", dbx[2]) == ("response", "1140429201295000-9262574723")
     assert parsed("dbx", "outarchive", dbx[3]) == ("error_reply", "1140429201295000-9262574723")
     assert parsed("dbx", "outarchive", dbx[4]) == ("response", "id with. dots/and space")

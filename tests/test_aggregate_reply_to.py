@@ -1,11 +1,14 @@
-"""``ftpbc aggregate`` over an archive a real node and client made, replies through reply_to included.
+"""``ftpbc aggregate`` over an archive a real node and client made: reply_to and provenance.
 
-A node serves endpoint ``a`` on pyftpdlib; a client sends requests answered in a's own outbox,
-one answered through ``reply_to="b"`` (its reply archived in b's ``outarchive``, named
-``resp.<id>;r=a``), one whose handler fails (an error reply) and one through ``reply_to="b"``
-that nobody collects (its reply stays in b's outbox: not archived, so unanswered).  The job and
-the plain pass (``tests/plain_figures.py``) then read the archive: both must count the reply_to
-request answered, and agree row for row.  One server is enough: what is checked sits above the
+A node serves endpoints ``a`` and ``d`` on pyftpdlib; a client sends requests answered in a's
+own outbox, one answered through ``reply_to="b"`` (its reply archived in b's ``outarchive``,
+named ``resp.<id>;r=a``), one whose handler fails (an error reply), one through
+``reply_to="b"`` that nobody collects (its reply stays in b's outbox: not archived, so
+unanswered), and one each to ``a`` and ``d`` that expire in flight (``a`` files them in
+``inexpired``, ``d``, with ``expired: dead_letter``, in ``indead``).  The job and the plain pass
+(``tests/plain_figures.py``) then read the archive: both must count the reply_to request
+answered, and agree row for row; the provenance table the job writes must give each request its
+steps, nodes and outcome.  One server is enough: what is checked sits above the
 transport (the names the exchange writes, and the job that reads them); the job reads the
 server's directory as a ``file://`` area so that both engines see the same modification times.
 """
@@ -64,15 +67,16 @@ def archive(pyftpdlib_server: ServerHandle, tmp_path_factory: pytest.TempPathFac
     handle = pyftpdlib_server
     base = handle.fresh_dir()
     work = tmp_path_factory.mktemp("reply-to-run")
-    eps = {"a": {"repository": f"{base}/a", **FAST}, "b": {"repository": f"{base}/b", **FAST}}
+    eps = {"a": {"repository": f"{base}/a", **FAST}, "b": {"repository": f"{base}/b", **FAST},
+           "d": {"repository": f"{base}/d", "expired": "dead_letter", **FAST}}
     ids: dict[str, str] = {}
     with Started() as started:
-        node = Node(in_process_config(handle, work, "prov", eps), handlers={"a": handler})
+        node = Node(in_process_config(handle, work, "prov", eps), handlers={"a": handler, "d": handler})
         started.things.append(node)
         node.start()
         client = Client(in_process_config(handle, work, "cli", eps))
         started.things.append(client)
-        ids["own"] = client.submit("a", b"one")
+        ids["own"] = client.submit("a", b"one", correlation_id="order 42/7")
         assert client.collect("a", ids["own"], timeout=20) == b"re:one"
         ids["reply_to"] = client.submit("a", b"two", reply_to="b")
         assert client.collect("b", ids["reply_to"], timeout=20) == b"re:two"
@@ -82,21 +86,29 @@ def archive(pyftpdlib_server: ServerHandle, tmp_path_factory: pytest.TempPathFac
         ids["uncollected"] = client.submit("a", b"three", reply_to="b")
         wait_until(lambda: any(ids["uncollected"] in n for n in _files(handle.root, base, "b", "outbox")),
                    timeout=20, what="the uncollected reply in b's outbox")
+        # A ttl shorter than a send takes expires in flight (docs/queues.md): filed, never served.
+        ids["expired"] = client.submit("a", b"late", ttl=0.001)
+        ids["dead"] = client.submit("d", b"late", ttl=0.001)
+        for endpoint, folder, what in (("a", "inexpired", "expired"), ("d", "indead", "dead")):
+            def filed(e: str = endpoint, f: str = folder, w: str = what) -> bool:
+                return any(ids[w] in n for n in _files(handle.root, base, e, f))
+
+            wait_until(filed, timeout=20, what=f"the request in {endpoint}/{folder}")
     root = handle.root
     # Every file the figures read is in place (the client archives a reply before it returns it).
     archived = _files(root, base, "a", "inarchive") + _files(root, base, "a", "inerror")
-    assert all(any(uid in n for n in archived) for uid in ids.values()), archived
+    assert all(any(ids[w] in n for n in archived) for w in ("own", "reply_to", "failed", "uncollected")), \
+        archived
     assert any(ids["reply_to"] in n and ";r=a" in n for n in _files(root, base, "b", "outarchive"))
     srv = ServerConfig.from_url(f"file://{root}", name="site")
-    yield Archive([ArchiveSource("a", srv, f"{base}/a"), ArchiveSource("b", srv, f"{base}/b")], ids,
-                  root, base)
+    yield Archive([ArchiveSource(e, srv, f"{base}/{e}") for e in ("a", "b", "d")], ids, root, base)
 
 
 @pytest.fixture(scope="module")
 def result(archive: Archive, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Result, Path]:
     out = tmp_path_factory.mktemp("agg-reply-to")
-    return run(Options(sources=archive.sources, out=out, bucket="1d", progress=False, print_table=False),
-               spark=spark), out
+    return run(Options(sources=archive.sources, out=out, bucket="1d", progress=False, print_table=False,
+                       provenance=True), spark=spark), out
 
 
 def test_a_request_answered_through_reply_to_is_counted_answered(archive: Archive, result: Any) -> None:
@@ -104,7 +116,7 @@ def test_a_request_answered_through_reply_to_is_counted_answered(archive: Archiv
     totals = {k: sum(r[k] for r in res.figures if r["endpoint"] == "a")
               for k in ("requests", "responses", "errors", "unanswered")}
     assert totals == {"requests": 4, "responses": 2, "errors": 1, "unanswered": 1}
-    assert not [r for r in res.figures if r["endpoint"] == "b"]  # b served no request
+    assert {r["endpoint"] for r in res.figures} == {"a"}  # b served no request, d's expired
     import pyarrow.parquet as pq
 
     unanswered = pq.read_table(out / "unanswered").to_pylist()
@@ -119,3 +131,39 @@ def test_the_plain_pass_gives_the_same_figures(archive: Archive, result: Any) ->
     assert res.figures == ref.figures
     assert res.nodes == ref.nodes
     assert [r["uuid"] for r in ref.unanswered] == [archive.ids["uncollected"]]
+
+
+def test_provenance_gives_each_request_its_steps_and_outcome(archive: Archive, result: Any) -> None:
+    res, out = result
+    assert res.provenance == out / "provenance"
+    import pyarrow.parquet as pq
+
+    rows = {r["id"]: r for r in pq.read_table(res.provenance).to_pylist()}
+    ids = archive.ids
+    assert set(rows) == set(ids.values())
+    got = {what: {k: rows[uid][k] for k in ("endpoint", "kind", "outcome", "archived_by", "response_by",
+                                            "response_endpoint", "reply_to", "correlation_id")}
+           for what, uid in ids.items()}
+    common = {"kind": "request", "archived_by": "prov", "correlation_id": None}
+    assert got == {
+        "own": {**common, "endpoint": "a", "outcome": "answered", "response_by": "cli",
+                "response_endpoint": "a", "reply_to": None, "correlation_id": "order 42/7"},
+        "reply_to": {**common, "endpoint": "a", "outcome": "answered", "response_by": "cli",
+                     "response_endpoint": "b", "reply_to": "b"},
+        "failed": {**common, "endpoint": "a", "outcome": "error", "response_by": "cli",
+                   "response_endpoint": "a", "reply_to": None},
+        "uncollected": {**common, "endpoint": "a", "outcome": "unanswered", "response_by": None,
+                        "response_endpoint": None, "reply_to": "b"},
+        "expired": {**common, "endpoint": "a", "outcome": "expired", "response_by": None,
+                    "response_endpoint": None, "reply_to": None},
+        "dead": {**common, "endpoint": "d", "outcome": "dead-lettered", "response_by": None,
+                 "response_endpoint": None, "reply_to": None},
+    }
+    for what, uid in ids.items():
+        r = rows[uid]
+        assert r["name"].startswith(f"req.{uid}") and r["sent_at"] is None, what  # %u: no date in names
+        # written, then archived, then (when there is one) answered: each step after the one before
+        assert r["modified_at"] is not None and r["archived_at"] is not None, what
+        assert r["modified_at"] <= r["archived_at"], what
+        if r["response_at"] is not None:
+            assert r["archived_at"] <= r["response_at"], what

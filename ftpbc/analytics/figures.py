@@ -32,7 +32,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ftpbc.analytics.listing import Input
-from ftpbc.analytics.records import PARSED_FIELDS, RAW_FIELDS, UNCOLLECTED, ddl
+from ftpbc.analytics.records import PARSED_FIELDS, RAW_FIELDS, REQUEST_SIDE, UNCOLLECTED, ddl
 
 PERCENTILES = (0.5, 0.95, 0.99)
 
@@ -363,6 +363,78 @@ def unanswered(p: DataFrame, rel: DataFrame) -> DataFrame:
             .select("endpoint", "bucket", "name", "uuid", F.timestamp_micros("t0_us").alias("submitted"),
                     "node", "failed")
             .coalesce(1).sortWithinPartitions("endpoint", "submitted"))
+
+
+#: what happened to a request, as the provenance table says it
+OUTCOMES = ("answered", "unanswered", "error", "expired", "dead-lettered")
+
+
+def provenance(parsed: DataFrame, window: Window) -> DataFrame:
+    """One row per request found on the request side (archived, failed, expired or dead-lettered),
+    with what its reply says: the provenance table (docs/aggregate.md, "Provenance").
+
+    Columns: ``endpoint``, ``id``, ``kind`` (``request``), ``name`` (the archived request file),
+    ``sent_at`` (the time in the name, when the endpoint's message_name carries a date; else
+    null), ``modified_at`` (the request file's modification time: when it was written, every
+    rename keeps it), ``archived_at`` and ``archived_by`` (the stamp and node in the request's
+    archived name: when and where it was served, filed, expired or dead-lettered),
+    ``response_at``, ``response_by`` and ``response_endpoint`` (the reply's stamp, the node that
+    archived it, ``uncollected`` for a provider's sweep, and the endpoint whose folder holds it:
+    another one for a reply sent through ``reply_to``), ``outcome`` (:data:`OUTCOMES`: the first
+    of dead-lettered, expired, error (``inerror`` or an error reply), answered, unanswered that
+    holds), ``correlation_id`` and ``reply_to`` (the request's, from its name).
+
+    Requests and replies pair as in the figures (:func:`pairing_endpoint`); the window filters
+    on the submit time the figures use (the name's time, else the file's).  A request found in
+    several folders (a dead letter sent again, with a mirror that keeps history) takes each
+    column's earliest value.  Built from Spark's own column functions (no Python UDF); its
+    aggregates hold strings, so Spark sorts the records here, which the figures avoid: this
+    table is written only when asked for (``--provenance``).
+    """
+    req = (F.col("kind") == "request") & F.col("folder").isin(*REQUEST_SIDE)
+    rel = parsed.filter(req | is_reply()).select("*", pairing_endpoint().alias("_pair"), req.alias("_req"))
+
+    def r(c: Column) -> Column:
+        return F.when(F.col("_req"), c)
+
+    def p(c: Column) -> Column:
+        return F.when(~F.col("_req"), c)
+
+    g = rel.groupBy(F.col("_pair").alias("endpoint"), F.col("uuid").alias("id")).agg(
+        F.max("_req").alias("_has_request"),
+        F.min(r(F.col("name"))).alias("name"),
+        F.min(r(F.col("name_time_us"))).alias("_sent"),
+        F.min(r(F.col("mtime_us"))).alias("_modified"),
+        F.min(r(F.col("stamp_us"))).alias("_archived"),
+        F.min_by(r(F.col("node")), r(F.col("stamp_us"))).alias("archived_by"),
+        F.min(r(F.col("correlation_id"))).alias("correlation_id"),
+        F.min(r(F.col("reply_to"))).alias("reply_to"),
+        F.max(r(F.col("folder") == "indead")).alias("_dead"),
+        F.max(r(F.col("folder") == "inexpired")).alias("_expired"),
+        F.max(r(F.col("folder") == "inerror")).alias("_failed"),
+        F.max(p(F.col("kind") == "error_reply")).alias("_error_reply"),
+        F.max(p(F.lit(True))).alias("_replied"),
+        F.min(p(F.col("stamp_us"))).alias("_response"),
+        F.min_by(p(F.col("node")), p(F.col("stamp_us"))).alias("response_by"),
+        F.min(p(F.col("endpoint"))).alias("response_endpoint"),
+    ).filter(F.col("_has_request"))
+    t0 = F.coalesce(F.col("_sent"), F.col("_modified"))
+    if window.since_us is not None:
+        g = g.filter(t0 >= window.since_us)
+    if window.until_us is not None:
+        g = g.filter(t0 < window.until_us)
+    def flag(c: str) -> Column:  # null (no record of that side) is false
+        return F.coalesce(F.col(c), F.lit(False))
+
+    outcome = (F.when(flag("_dead"), "dead-lettered").when(flag("_expired"), "expired")
+               .when(flag("_failed") | flag("_error_reply"), "error")
+               .when(flag("_replied"), "answered").otherwise("unanswered"))
+    return g.select(
+        "endpoint", "id", F.lit("request").alias("kind"), "name",
+        F.timestamp_micros("_sent").alias("sent_at"), F.timestamp_micros("_modified").alias("modified_at"),
+        F.timestamp_micros("_archived").alias("archived_at"), "archived_by",
+        F.timestamp_micros("_response").alias("response_at"), "response_by", "response_endpoint",
+        outcome.alias("outcome"), "correlation_id", "reply_to")
 
 
 def to_rows(df: DataFrame, order: Sequence[str]) -> list[dict[str, Any]]:

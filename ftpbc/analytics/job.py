@@ -6,6 +6,7 @@ Runnable as ``ftpbc aggregate ...`` or ``spark-submit ftpbc/analytics/job.py ...
     figures.parquet / figures.csv   per endpoint and bucket (figures.by_bucket)
     nodes.parquet / nodes.csv       per endpoint, bucket and node (figures.by_node)
     unanswered/ (Parquet), unanswered_csv/   the requests that never got a reply
+    provenance/ (Parquet)           one row per request: its steps and outcome (``--provenance``)
     chart.png                       requests and latency percentiles over time
     mirror/                         the incremental listing mirror of FTP/SFTP areas (a cache)
 
@@ -28,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ftpbc.analytics.sources import ARCHIVE_FOLDERS, ArchiveSource
+from ftpbc.analytics.sources import ARCHIVE_FOLDERS, TRAIL_FOLDERS, ArchiveSource
 from ftpbc.errors import ConfigError
 
 _DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
@@ -76,6 +77,8 @@ class Options:
     #: told one line per phase (listing, Spark start, parsing and figures, outputs) with its
     #: counts and elapsed time; Spark runs for seconds between them with nothing else to show
     report: Callable[[str], None] | None = None
+    #: also write the provenance table (figures.provenance), reading expired and dead letters too
+    provenance: bool = False
 
 
 @dataclass
@@ -85,6 +88,8 @@ class Result:
     unanswered: int
     chart: Path
     mirrored_new: int
+    #: the provenance table's directory (Parquet), when asked for
+    provenance: Path | None = None
 
 
 def run(opts: Options, spark: Any = None) -> Result:
@@ -108,18 +113,20 @@ def run(opts: Options, spark: Any = None) -> Result:
     mirror_root = opts.mirror or opts.out / "mirror"
     direct = [s for s in sources if not s.server.has_host and opts.route == "auto"]
     mirrored = [s for s in sources if s not in direct]
+    # Expired requests and dead letters end outside the archive folders: read for provenance only.
+    folders = (*ARCHIVE_FOLDERS, *TRAIL_FOLDERS) if opts.provenance else ARCHIVE_FOLDERS
     stats_new = 0
     if mirrored:
-        stats = update_mirror(mirror_root, mirrored, progress=opts.progress)
+        stats = update_mirror(mirror_root, mirrored, progress=opts.progress, folders=folders)
         stats_new = stats.new
     inputs: list[Input] = []
     for s in direct:
-        for folder in ARCHIVE_FOLDERS:
+        for folder in folders:
             local = Path(s.server.base) / s.folder_path(folder).lstrip("/")
             if local.is_dir() and any(local.iterdir()):
                 inputs.append(Input("dir", str(local), endpoint=s.endpoint, folder=folder))
     inputs += [Input("mirror", p, endpoint=s.endpoint)
-               for s in mirrored for p in part_files(mirror_root, [s])]
+               for s in mirrored for p in part_files(mirror_root, [s], folders)]
     compacted = fg.compacted_inputs(opts.compacted or opts.out / "compacted", [s.endpoint for s in sources])
     if not inputs and not compacted:
         raise ConfigError("no archive folder found for endpoints " + ", ".join(s.endpoint for s in sources))
@@ -134,6 +141,7 @@ def run(opts: Options, spark: Any = None) -> Result:
         spark = fg.session(opts.master, extra=opts.spark_conf, log_level=opts.log_level)
     say("parsing names and pairing requests with replies")
     staging = opts.out / ".listing" / uuidlib.uuid4().hex[:12]
+    provenance_dir: Path | None = None
     try:
         parsed = fg.read_inputs(spark, [*inputs, *compacted], {s.endpoint: s.naming() for s in sources},
                                 staging)
@@ -152,6 +160,9 @@ def run(opts: Options, spark: Any = None) -> Result:
             (spark.read.parquet(str(opts.out / "unanswered")).write.mode("overwrite")
              .option("header", True).csv(str(opts.out / "unanswered_csv")))
             n_un = sum(r["unanswered"] for r in rows)
+            if opts.provenance:
+                provenance_dir = opts.out / "provenance"
+                fg.provenance(parsed, window).write.mode("overwrite").parquet(str(provenance_dir))
         finally:
             pairs.unpersist()
     finally:
@@ -163,7 +174,7 @@ def run(opts: Options, spark: Any = None) -> Result:
     say(f"outputs written under {opts.out}")
     if opts.print_table:
         print(format_table(rows))
-    return Result(rows, nodes, n_un, chart, stats_new)
+    return Result(rows, nodes, n_un, chart, stats_new, provenance_dir)
 
 
 def _write_small(rows: Sequence[dict[str, Any]], stem: Path) -> None:

@@ -68,11 +68,12 @@ def folder_dir(root: Path, source: ArchiveSource, folder: str) -> Path:
     return root / source.key / folder
 
 
-def part_files(root: Path, sources: Iterable[ArchiveSource]) -> list[str]:
-    """Every part file of these sources, for ``spark.read.json(paths, schema=...)``."""
+def part_files(root: Path, sources: Iterable[ArchiveSource],
+               folders: Sequence[str] = ARCHIVE_FOLDERS) -> list[str]:
+    """Every part file of these sources' ``folders``, for ``spark.read.json(paths, schema=...)``."""
     out: list[str] = []
     for s in sources:
-        for folder in ARCHIVE_FOLDERS:
+        for folder in folders:
             d = folder_dir(root, s, folder)
             if d.is_dir():
                 out.extend(str(p) for p in sorted(d.glob("part-*.jsonl")))
@@ -124,14 +125,16 @@ def mirror_folder(transport: Transport, source: ArchiveSource, folder: str, root
         stats.new += len(chunk)
 
 
-def update_mirror(root: Path, sources: Sequence[ArchiveSource], *, progress: bool = True) -> MirrorStats:
-    """Bring the mirror of ``sources`` up to date; one transport per server, closed at the end."""
+def update_mirror(root: Path, sources: Sequence[ArchiveSource], *, progress: bool = True,
+                  folders: Sequence[str] = ARCHIVE_FOLDERS) -> MirrorStats:
+    """Bring the mirror of ``sources``' ``folders`` up to date; one transport per server, closed
+    at the end."""
     from tqdm import tqdm
 
     stats = MirrorStats()
     transports: dict[ServerConfig, Transport] = {}
     try:
-        work = [(s, f) for s in sources for f in ARCHIVE_FOLDERS]
+        work = [(s, f) for s in sources for f in folders]
         # Counted by hand, not by iterating the bar: its iterator keeps the count to itself
         # between redraws, so the postfix's redraw showed 0/32 throughout.
         with tqdm(total=len(work), desc="mirror", unit="folder", disable=not bar_wanted(progress),

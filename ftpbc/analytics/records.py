@@ -79,8 +79,11 @@ EXPIRATION_RE = r"([+-]?[0-9]{1,19})?"
 _CLASS, _EXPIRATION = re.compile(CLASS_RE), re.compile(EXPIRATION_RE)
 #: the type of an error reply in dropboxmq naming (``ftpbc.model.envelope.ERROR_TYPE``)
 ERROR_TYPE = "ftpbc.error"
-#: folders of the request side ("in"); the others are the response side ("out")
+#: folders of the request side ("in") the figures count requests in
 IN_FOLDERS = ("inarchive", "inerror")
+#: every request-side folder a listing may hold (expired and dead letters: the provenance table);
+#: a name in any other is on the response side ("out")
+REQUEST_SIDE = (*IN_FOLDERS, "inexpired", "indead")
 #: the kinds that carry headers (reply-to, correlation id): a request or a reply
 MESSAGE_KINDS = ("request", "response", "error_reply")
 #: ftpbc naming's keys of the headers read here (``model/headers.py``; ``docs/naming.md``)
@@ -227,7 +230,7 @@ def _dropboxmq_kind(name: str, folder: str) -> tuple[str, str | None]:
     engine reads it, a one-way message on the request side and a response whose id is the whole
     name on the response side.
     """
-    inbound = folder in IN_FOLDERS
+    inbound = folder in REQUEST_SIDE
     if name in ("", ".", ".."):
         return "other", None
     fields = name.split(".")

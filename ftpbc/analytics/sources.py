@@ -13,9 +13,13 @@ from ftpbc.exchange.area import Direction, ExchangeArea
 #: the directories every handled message ends in (the ``.reason`` files beside failed requests too)
 ARCHIVE_FOLDERS: tuple[str, ...] = ("inarchive", "outarchive", "inerror", "outerror")
 
+#: where requests end that were never served: expired, dead letters (read for ``--provenance``)
+TRAIL_FOLDERS: tuple[str, ...] = ("inexpired", "indead")
+
 _FOLDERS: dict[str, tuple[Direction, str]] = {
     "inarchive": ("in", "archive"), "outarchive": ("out", "archive"),
     "inerror": ("in", "error"), "outerror": ("out", "error"),
+    "inexpired": ("in", "expired"), "indead": ("in", "dead"),
 }
 
 
@@ -38,7 +42,7 @@ class ArchiveSource:
         return ExchangeArea(self.repository)
 
     def folder_path(self, folder: str) -> str:
-        """Remote path of ``folder`` (one of :data:`ARCHIVE_FOLDERS`)."""
+        """Remote path of ``folder`` (one of :data:`ARCHIVE_FOLDERS` or :data:`TRAIL_FOLDERS`)."""
         direction, kind = _FOLDERS[folder]
         return self.area.dir(direction, kind)
 

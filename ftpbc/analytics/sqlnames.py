@@ -33,11 +33,11 @@ from ftpbc.analytics.records import (
     CORRELATION_KEY,
     ERROR_TYPE,
     EXPIRATION_RE,
-    IN_FOLDERS,
     MESSAGE_KINDS,
     PARSED_FIELDS,
     PRIORITY_RE,
     REPLY_TO_KEY,
+    REQUEST_SIDE,
     STAMP_RE,
     UNCOLLECTED,
 )
@@ -264,7 +264,7 @@ def _dropboxmq(df: DataFrame) -> DataFrame:
                        for i in (1, 4, 5, 6)})
     df = _stage(df, **{f"_d{i}": F.when(~F.col(f"_u{i}").contains("\ufffd"), F.col(f"_u{i}"))
                        for i in (1, 4, 5, 6)})
-    df = _stage(df, _inbound=F.col("folder").isin(*IN_FOLDERS),
+    df = _stage(df, _inbound=F.col("folder").isin(*REQUEST_SIDE),
                 _foreign=(n < 3) | ~field(0).rlike(_anchored(PRIORITY_RE)),
                 _broken=((n > 8) | ~field(2).rlike(_anchored(CLASS_RE))
                          | ~field(3).rlike(_anchored(EXPIRATION_RE))

@@ -30,10 +30,13 @@ from ftpbc.errors import ConfigError
 @click.option("--compact", is_flag=True,
               help="First move archived messages into <out>/compacted (Parquet) and remove them "
                    "from the server, journaled under node.journal_dir.")
+@click.option("--provenance", is_flag=True,
+              help="Also write <out>/provenance (Parquet): one row per request with its steps, nodes "
+                   "and outcome, expired and dead-lettered requests included.")
 @click.option("--no-progress", is_flag=True, help="Draw no progress bars (none are drawn off a terminal).")
 def aggregate(config_path: str, endpoints: tuple[str, ...], since: str | None, until: str | None,
               bucket: str, out: str, master: str, confs: tuple[str, ...], route: str, compact: bool,
-              no_progress: bool) -> None:
+              provenance: bool, no_progress: bool) -> None:
     """Count requests, responses, errors, unanswered requests and latency per endpoint and time bucket.
 
     Reads the archive directories with Spark (the ``spark`` extra and Java 17); see docs/aggregate.md.
@@ -70,9 +73,10 @@ def aggregate(config_path: str, endpoints: tuple[str, ...], since: str | None, u
     result = run(Options(sources=sources, out=out_dir, bucket=bucket, since=since, until=until,
                          master=master, route=route, progress=not no_progress,
                          spark_conf=spark_conf,
-                         log_level=spark_log_level(),
+                         log_level=spark_log_level(), provenance=provenance,
                          report=lambda line: click.echo(f"aggregate {line}", err=True)))
-    click.echo(f"{len(result.figures)} rows; {result.unanswered} unanswered; chart: {result.chart}")
+    click.echo(f"{len(result.figures)} rows; {result.unanswered} unanswered; chart: {result.chart}"
+               + (f"; provenance: {result.provenance}" if result.provenance is not None else ""))
 
 
 def spark_log_level() -> str:
