@@ -163,6 +163,37 @@ def test_dropboxmq_names_are_replayed_in_their_own_grammar(pyftpdlib_server: Ser
     assert (handle.local(f"{repo}/inbox") / name).read_bytes() == b"dropbox body"
 
 
+def test_from_replays_copies_of_filed_messages_which_stay_filed(pyftpdlib_server: ServerHandle,
+                                                                tmp_path: Path) -> None:
+    """``--from dead`` (and ``error``): copies of the messages filed there, in the window of
+    their filing stamps; the filed messages and their reason files stay, no reason file is
+    taken for a message, and the archive is not read."""
+    handle = pyftpdlib_server
+    repo = f"{handle.fresh_dir()}/ep"
+    cfg = write_config(tmp_path / "ftpbc.yaml", handle, tmp_path, {"ep": {"repository": repo}})
+    _archive(handle, repo, f"msg.{uuid.uuid4()}", "20260101T000001.000Z", b"served, not filed")
+    filed: dict[str, dict[str, bytes]] = {}
+    for kind in ("dead", "error"):
+        directory = handle.local(f"{repo}/in{kind}")
+        directory.mkdir(exist_ok=True)
+        ident = str(uuid.uuid4())
+        file = f"msg.{ident};n=5~node-x~20260101T000002.000Z"
+        (directory / file).write_bytes(f"{kind} body".encode())
+        (directory / f"{file}.reason").write_text("delivery 5 of 5 failed\n")
+        filed[kind] = {ident: f"{kind} body".encode()}
+    for kind in ("dead", "error"):
+        before = area_files(handle, repo, f"in{kind}")
+        done = main_in_process("replay", "-c", str(cfg), "--node-id", "ops", "ep", "--from", kind,
+                               "--since", "2026-01-01", "--until", "2026-01-02", "--json")
+        assert done.returncode == 0, done.stderr
+        assert (json.loads(done.stdout)["count"], json.loads(done.stdout)["sent"]) == (1, 1)
+        assert f"filed in in{kind} of ep" in done.stderr
+        assert area_files(handle, repo, f"in{kind}") == before
+    copies = {str(env.properties[REPLAY_OF]): (env, body) for env, body in _inbox(handle, repo).values()}
+    assert {i: body for i, (_, body) in copies.items()} == {**filed["dead"], **filed["error"]}
+    assert all(env.headers.delivery_count == 0 for env, _ in copies.values())
+
+
 def test_hostile_archive_entries_are_left_out_or_reported_and_the_rest_go_on(
         pyftpdlib_server: ServerHandle, tmp_path: Path, things: list[Any]) -> None:
     """A name that is no message (left out, counted unusable), a directory, a file larger than
@@ -304,6 +335,7 @@ def test_dry_run_and_bad_input_on_the_command_line(pyftpdlib_server: ServerHandl
         assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("ftpbc: error: "), bad.stderr
     for args, says in [
         (("ep", "--since", "yesterday-ish"), "'yesterday-ish' is no time"),
+        (("ep",), "Missing option '--since'"),
         (("ep", "--since", "2026-01-02", "--until", "2026-01-01"), "is not after --since"),
         (("ep", "--since", "2026-01-01", "--replay-id", "../x"), "replay id '../x'"),
     ]:

@@ -13,8 +13,11 @@ import click
 from ftpbc.cli.common import config_option, json_option, load, node_id_option
 
 if TYPE_CHECKING:
-    from ftpbc.exchange.replay import Archived, Plan
+    from ftpbc.exchange.replay import Archived, Plan, Source
 
+#: how the line printed first says where the messages were found
+_WHAT = {"archive": "archived by", "error": "filed in inerror of", "expired": "filed in inexpired of",
+         "dead": "filed in indead of"}
 _AGO_RE = re.compile(r"(\d{1,9})([smhd])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
@@ -70,9 +73,9 @@ def _plan_json(plan: Plan) -> dict[str, Any]:
 @config_option
 @node_id_option
 @click.argument("endpoint")
-@click.option("--since", type=WHEN, required=True,
-              help="Replay what was archived at or after this time (ISO 8601, UTC unless an offset is "
-                   "given; or 30m, 2h, 7d ago).")
+@click.option("--since", type=WHEN, default=None,
+              help="Replay what was archived at or after this time (required: ISO 8601, UTC unless an "
+                   "offset is given; or 30m, 2h, 7d ago).")
 @click.option("--until", type=WHEN, default=None,
               help="Replay what was archived before this time (default: when this replay first ran).")
 @click.option("--where", "where", default=None, metavar="SELECTOR",
@@ -82,37 +85,44 @@ def _plan_json(plan: Plan) -> dict[str, Any]:
 @click.option("--replay-id", default=None, callback=_replay_id,
               help="The replay's id (default: derived from the endpoint, --to, the window and "
                    "--where, so the same command is the same replay).")
+@click.option("--from", "source", type=click.Choice(["archive", "error", "expired", "dead"]),
+              default="archive", show_default=True,
+              help="Replay copies of the messages served (archive) or filed in inerror, inexpired or indead "
+                   "(each stays filed).")
 @click.option("--dry-run", is_flag=True, help="Count what would be replayed; send nothing.")
 @click.option("--no-progress", is_flag=True, help="Draw no progress bar (none is drawn off a terminal).")
 @json_option
-def replay(config_path: str, node_id: str | None, endpoint: str, since: datetime, until: datetime | None,
-           where: str | None, to: str | None, replay_id: str | None, dry_run: bool, no_progress: bool,
-           as_json: bool) -> None:
+def replay(config_path: str, node_id: str | None, endpoint: str, since: datetime | None,
+           until: datetime | None, where: str | None, to: str | None, replay_id: str | None, source: Source,
+           dry_run: bool, no_progress: bool, as_json: bool) -> None:
     """Send ENDPOINT's archived messages again, as new messages, to its inbox (or --to's).
 
     Each copy gets a new id, keeps its original's headers (delivery count reset, expiration
     dropped), properties and body, and carries the properties ftpbc_replay_of (the original's
     id) and ftpbc_replay_id.  The replay's id is printed first; run the same command again
     after an interruption and each message is sent once in all (progress is kept in
-    state_dir).  Dead letters go back with ``ftpbc dlq replay`` instead.  Exits 1 when a
-    message could not be replayed, 6 when the target's queue is full (run again later).
+    state_dir).  --from replays copies of filed messages instead (``ftpbc dlq replay`` moves
+    dead letters back).  Exits 1 when a message could not be replayed, 6 when the target's
+    queue is full (run the same command again later).
     """
     from tqdm import tqdm
 
     from ftpbc.client import Client
     from ftpbc.model.selector import compile_selector
 
+    config = load(config_path)  # first: what is wrong with the configuration is said first
+    if since is None:
+        raise click.UsageError("Missing option '--since': replay what was archived since when?")
     if until is not None and until <= since:
         raise click.BadParameter(f"{_iso(until)} is not after --since {_iso(since)}", param_hint="--until")
     sel = compile_selector(where) if where is not None and where.strip() else None
-    config = load(config_path)
     show = not (no_progress or dry_run or as_json) and sys.stderr.isatty()
     with Client.with_identity(config, node_id) as client, \
             tqdm(total=0, unit="msg", desc="replaying", disable=not show, leave=False) as bar:
         def on_plan(plan: Plan) -> None:
             # printed before anything is sent: the id a rerun or ftpbc trace is given
             click.echo(f"replay {plan.replay_id}: {len(plan.messages)} message(s), {plan.bytes} bytes "
-                       f"archived by {endpoint} from {_iso(plan.since)} to {_iso(plan.until)}"
+                       f"{_WHAT[source]} {endpoint} from {_iso(plan.since)} to {_iso(plan.until)}"
                        + (f", sent to {to}" if to else ""), err=True)
             bar.total = len(plan.messages)
             bar.refresh()
@@ -121,7 +131,7 @@ def replay(config_path: str, node_id: str | None, endpoint: str, since: datetime
             bar.update(1)
 
         plan, report = client.replay(endpoint, since, until, where=sel, to=to, replay_id=replay_id,
-                                     dry_run=dry_run, on_plan=on_plan, each=each)
+                                     source=source, dry_run=dry_run, on_plan=on_plan, each=each)
     if report is None:
         if as_json:
             click.echo(json.dumps(_plan_json(plan), indent=2))

@@ -34,7 +34,7 @@ from ftpbc.exchange.consumer import AckMode, Consumer, Delivery, Receiver, as_se
 from ftpbc.exchange.deadletter import DeadLetters
 from ftpbc.exchange.layout import AreaLayout, PartnerLayout
 from ftpbc.exchange.lifecycle import op_id_for
-from ftpbc.exchange.replay import Archived, Plan, Replay
+from ftpbc.exchange.replay import Archived, Plan, Replay, Source
 from ftpbc.exchange.replay import Report as ReplayReport
 from ftpbc.exchange.runtime import Runtime
 from ftpbc.exchange.sweeper import UNCOLLECTED
@@ -245,7 +245,8 @@ class Client:
 
     def replay(self, endpoint: str, since: datetime, until: datetime | None = None, *,
                where: str | Selector | None = None, to: str | None = None, replay_id: str | None = None,
-               dry_run: bool = False, on_plan: Callable[[Plan], None] | None = None,
+               source: Source = "archive", dry_run: bool = False,
+               on_plan: Callable[[Plan], None] | None = None,
                each: Callable[[Archived, str], None] | None = None) -> tuple[Plan, ReplayReport | None]:
         """Send again, as new messages, the messages ``endpoint`` archived in ``since <= t <
         until`` (the time its archive name gives), those ``where`` selects, to the inbox of
@@ -257,15 +258,17 @@ class Client:
         ``ftpbc_replay_of`` (the original's id) and ``ftpbc_replay_id``.  Guaranteed: the same
         call run again on this host after an interruption sends each original once in all
         (its progress is kept in ``state_dir``).  See docs/replay.md for what is not.
+        ``source``: ``error``, ``expired`` or ``dead`` replays copies of the messages filed there
+        instead of the archive's (each stays filed).
         ConfigError for an unknown endpoint or a transfer; ValueError for an empty window or
         a bad replay id; QueueFull when the target's inbox is full (the rest is left for a
         rerun).
         """
         sel = as_selector(where)
-        source = self.runtime.lifecycle(endpoint)
-        target = source if to is None or to == endpoint else self.runtime.lifecycle(to)
-        job = Replay(source, target, Path(self.config.node.state_dir), since=since, until=until,
-                     selector=sel, replay_id=replay_id)
+        origin = self.runtime.lifecycle(endpoint)
+        target = origin if to is None or to == endpoint else self.runtime.lifecycle(to)
+        job = Replay(origin, target, Path(self.config.node.state_dir), since=since, until=until,
+                     selector=sel, replay_id=replay_id, source_dir=source)
         plan = job.plan()
         if on_plan is not None:
             on_plan(plan)

@@ -9,9 +9,10 @@ What is replayed
     without one (not archived by ftpbc) is timed by its listed modification time, and one with
     neither is left out.  Headers and properties come from the name alone, so a selector costs
     no read; a body is read only to be sent, bounded by the endpoint's ``max_message_bytes``.
-    Error-filed, expired and dead-lettered messages are not replayed here (``ftpbc dlq replay``
-    puts dead letters back); a message that is itself a copy made by this same replay is never
-    replayed again.
+    ``source_dir`` reads ``inerror``, ``inexpired`` or ``indead`` instead (their ``.reason``
+    files left out): a copy is sent and the filed message stays where it is (``ftpbc dlq
+    replay`` moves a dead letter back instead).  A message that is itself a copy made by this
+    same replay is never replayed again.
 
 What a copy is
     A new message of the same kind, headers and properties, with a new id, its delivery count
@@ -52,9 +53,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 from ftpbc.errors import ConfigError, FtpbcError, NotFound, QueueFull
-from ftpbc.exchange.area import parse_archive_name
+from ftpbc.exchange.area import REASON_SUFFIX, parse_archive_name
 from ftpbc.exchange.deadletter import read_listed
 from ftpbc.exchange.layout import AreaLayout
 from ftpbc.exchange.lifecycle import Lifecycle, op_id_for
@@ -70,6 +72,10 @@ log = logging.getLogger("ftpbc.replay")
 REPLAY_OF = "ftpbc_replay_of"
 #: the property a copy carries its replay's id in (``ftpbc trace`` reads it)
 REPLAY_ID = "ftpbc_replay_id"
+#: the directories a replay reads from (``archive``: served; the others: filed, with a
+#: ``.reason`` beside each, never replayed itself)
+SOURCES = ("archive", "error", "expired", "dead")
+Source = Literal["archive", "error", "expired", "dead"]
 #: the namespace of replay ids and copies' ids (uuid5)
 NAMESPACE = uuidlib.UUID("5b1d6c2e-3f0a-5e43-9c1b-6a7e0d2f4c81")
 #: what a replay id given by hand may be: it names a local file and travels in names
@@ -136,12 +142,14 @@ class Report:
 
 
 def replay_id_for(endpoint: str, target: str, since: datetime, until: datetime | None,
-                  selector: Selector | None) -> str:
+                  selector: Selector | None, source: Source = "archive") -> str:
     """The id of the replay these arguments describe: the same arguments, the same id."""
-    key = "\n".join([endpoint, target, since.astimezone(UTC).isoformat(),
-                     until.astimezone(UTC).isoformat() if until is not None else "",
-                     selector.text if selector is not None else ""])
-    return str(uuidlib.uuid5(NAMESPACE, key))
+    parts = [endpoint, target, since.astimezone(UTC).isoformat(),
+             until.astimezone(UTC).isoformat() if until is not None else "",
+             selector.text if selector is not None else ""]
+    if source != "archive":
+        parts.append(source)
+    return str(uuidlib.uuid5(NAMESPACE, "\n".join(parts)))
 
 
 def copy_id(replay_id: str, original_id: str) -> str:
@@ -264,7 +272,7 @@ class Replay:
 
     def __init__(self, source: Lifecycle, target: Lifecycle, state_dir: Path, *, since: datetime,
                  until: datetime | None = None, selector: Selector | None = None,
-                 replay_id: str | None = None) -> None:
+                 replay_id: str | None = None, source_dir: Source = "archive") -> None:
         for lc in (source, target):
             if not isinstance(lc.layout, AreaLayout) or lc.layout.direction != "in":
                 raise ConfigError(f"{lc.layout.display}: only an endpoint's messages can be replayed "
@@ -272,12 +280,15 @@ class Replay:
         if until is not None and until <= since:
             raise ValueError(f"the window is empty: until {until.isoformat()} is not after since "
                              f"{since.isoformat()}")
+        if source_dir not in SOURCES:
+            raise ValueError(f"replay from {source_dir!r}: expected one of {', '.join(SOURCES)}")
         self.source = source
+        self.source_dir = source_dir
         self.target = target
         self.selector = selector
         self.since = since
         self.replay_id = check_replay_id(replay_id) if replay_id is not None else replay_id_for(
-            source.layout.key, target.layout.key, since, until, selector)
+            source.layout.key, target.layout.key, since, until, selector, source_dir)
         self.progress = Progress(progress_path(state_dir, self.replay_id))
         # A rerun covers the window its first run did: a relative --since moved meanwhile, and
         # an open end would take in the copies served since.
@@ -292,14 +303,17 @@ class Replay:
         layout = self.source.layout
         assert isinstance(layout, AreaLayout)
         until = self.until if self.until is not None else datetime.now(UTC)
-        directory = layout.archive_dir.rstrip("/")
+        where = {"archive": layout.archive_dir, "error": layout.error, "expired": layout.expired_dir,
+                 "dead": layout.dead_dir}[self.source_dir]
+        assert where is not None  # an endpoint's area has every one of them
+        directory = where.rstrip("/")
         # Streamed: only what the window and the selector take is kept (by path: a listing
         # retried after a dropped connection may hand an entry over twice).
         found: dict[str, Archived] = {}
         unusable: set[str] = set()
 
         def visit(e: Entry) -> bool:
-            if e.is_dir:
+            if e.is_dir or (self.source_dir != "archive" and e.name.endswith(REASON_SUFFIX)):
                 return True
             name, node, when = parse_archive_name(e.name)
             if node is None or when is None:
@@ -319,7 +333,7 @@ class Replay:
             return True
 
         try:
-            self.source.transport.scan(layout.archive_dir, visit)
+            self.source.transport.scan(where, visit)
         except NotFound:
             pass  # no archive yet: nothing to replay
         messages = sorted(found.values(), key=lambda a: (a.when, a.name, a.path))
