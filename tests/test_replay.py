@@ -221,6 +221,8 @@ def test_hostile_archive_entries_are_left_out_or_reported_and_the_rest_go_on(
 
     plan, _ = client.replay("ep", since, until, dry_run=True)
     assert [m.id for m in plan.messages] == [u1, u2, u3, u4] and plan.unusable == 1
+    with pytest.raises(ValueError, match="timezone-aware"):
+        client.replay("ep", since.replace(tzinfo=None), dry_run=True)
     held = Progress(progress_path(tmp_path / "state", plan.replay_id))
     held.open_locked()
     try:

@@ -277,6 +277,8 @@ class Replay:
             if not isinstance(lc.layout, AreaLayout) or lc.layout.direction != "in":
                 raise ConfigError(f"{lc.layout.display}: only an endpoint's messages can be replayed "
                                   "(a transfer's archive holds a partner's files)")
+        if since.tzinfo is None or (until is not None and until.tzinfo is None):
+            raise ValueError("since and until must be timezone-aware (archive stamps are UTC)")
         if until is not None and until <= since:
             raise ValueError(f"the window is empty: until {until.isoformat()} is not after since "
                              f"{since.isoformat()}")
