@@ -33,6 +33,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "receive": "ftpbc.cli.receive:receive",
     "browse": "ftpbc.cli.queues:browse",
     "replay": "ftpbc.cli.replay:replay",
+    "trace": "ftpbc.cli.trace:trace",
     "status": "ftpbc.cli.status:status",
     "demo": "ftpbc.cli.demo:demo",
     "ftpd": "ftpbc.cli.demo:ftpd",

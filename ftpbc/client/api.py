@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime
@@ -39,6 +39,7 @@ from ftpbc.exchange.replay import Report as ReplayReport
 from ftpbc.exchange.runtime import Runtime
 from ftpbc.exchange.sweeper import UNCOLLECTED
 from ftpbc.exchange.topics import Registry, Subscription, subscriber_name
+from ftpbc.exchange.trace import Query, Trace, Tracer
 from ftpbc.exchange.transaction import Transaction
 from ftpbc.metrics import NULL_CLIENT_OBSERVER, ClientMetrics, ClientObserver, HttpServer, serve_http
 from ftpbc.model.headers import Kind, MessageOptions, PropertyValue
@@ -275,6 +276,22 @@ class Client:
         if dry_run:
             return plan, None
         return plan, job.run(plan, each=each)
+
+    def trace(self, id: str | None = None, *, correlation_id: str | None = None, where: str | None = None,
+              since: datetime | None = None, until: datetime | None = None,
+              journals: Sequence[str | Path] = ()) -> Trace:
+        """Every place message ``id`` is or was, in time order, across the endpoints, topics,
+        subscriptions and routes of this configuration (docs/tracing.md): staged, waiting,
+        claimed by which node, served (when, after how long), answered, collected, failed,
+        expired or dead-lettered (with the reason beside it), and its replays.  Or every
+        message with ``correlation_id``, or that the selector ``where`` selects, seen between
+        ``since`` and ``until`` (aware datetimes).  ``journals``: node journal directories whose
+        records are read too.  Reads only: nothing is moved.  ValueError for a query that names
+        nothing, SelectorError for a bad selector; a server that fails is named in
+        :attr:`Trace.problems`, the other places are still read."""
+        query = Query(id, correlation_id, where, since, until)
+        return Tracer(self.runtime.config, self.runtime.transport,
+                      journals=[Path(j) for j in journals]).trace(query)
 
     def browse(self, endpoint: str, selector: str | Selector | None = None, limit: int | None = None,
                bodies: bool = False) -> list[Waiting]:
