@@ -46,6 +46,7 @@ def trace(config_path: str, message_id: str | None, correlation_id: str | None, 
     Exit status: 0 when it was found somewhere, 1 when it was found nowhere, 2 on an error."""
     from ftpbc.exchange.trace import Query, Tracer, text
 
+    config = load(config_path)  # a configuration that cannot be read is the first thing said
     if not (message_id or correlation_id or where):
         raise click.UsageError("give a MESSAGE_ID, --correlation ID or --where EXPR")
     now = datetime.now(UTC)
@@ -54,7 +55,6 @@ def trace(config_path: str, message_id: str | None, correlation_id: str | None, 
                       _when("--until", until, now))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    config = load(config_path)
     with Tracer(config, journals=[Path(j) for j in journals]) as tracer:
         found = tracer.trace(query)
     if as_json:
