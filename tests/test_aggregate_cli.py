@@ -135,7 +135,7 @@ def test_aggregate_command_prints_and_writes_the_figures(
     phases = [line.split("] ", 1)[1] for line in result.stderr.splitlines()
               if line.startswith("aggregate [")]
     assert [p.split(":")[0].split(" ")[0] for p in phases] == \
-        ["listing", "starting", "parsing", "figures", "outputs"], phases
+        ["listing", "spark", "parsing", "figures", "outputs"], phases
     assert phases[0].endswith("of 3 endpoints")
     assert phases[3].endswith(f"{len(want)} endpoint-bucket rows, {len(nodes)} node rows, "
                               f"{len(messages)} requests")

@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from ftpbc.analytics.job import Options, Result, run
+from ftpbc.analytics.job import OUTPUTS, Options, Result, run
+from ftpbc.analytics.progress import PHASES, Phase
 from ftpbc.analytics.sources import ArchiveSource
 from ftpbc.client import Client
 from ftpbc.config.servers import ServerConfig
@@ -105,10 +106,18 @@ def archive(pyftpdlib_server: ServerHandle, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(scope="module")
-def result(archive: Archive, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Result, Path]:
+def phases() -> list[Phase]:
+    """The phases the run below reported, in order."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def result(archive: Archive, spark: Any, tmp_path_factory: pytest.TempPathFactory,
+           phases: list[Phase]) -> tuple[Result, Path]:
     out = tmp_path_factory.mktemp("agg-reply-to")
-    return run(Options(sources=archive.sources, out=out, bucket="1d", progress=False, print_table=False,
-                       provenance=True), spark=spark), out
+    # progress asked for, stderr no terminal (pytest captures it): phase lines only
+    return run(Options(sources=archive.sources, out=out, bucket="1d", progress=True, print_table=False,
+                       provenance=True, report=phases.append), spark=spark), out
 
 
 def test_a_request_answered_through_reply_to_is_counted_answered(archive: Archive, result: Any) -> None:
@@ -167,3 +176,20 @@ def test_provenance_gives_each_request_its_steps_and_outcome(archive: Archive, r
         assert r["modified_at"] <= r["archived_at"], what
         if r["response_at"] is not None:
             assert r["archived_at"] <= r["response_at"], what
+
+
+def test_every_phase_is_reported_with_its_counts(archive: Archive, result: Any, phases: list[Phase]) -> None:
+    assert [p.name for p in phases] == list(PHASES)
+    assert all(p.counts for p in phases)
+    assert [p.elapsed_s for p in phases] == sorted(p.elapsed_s for p in phases)
+    got = {p.name: p.counts for p in phases}
+    # Every file of the folders read (archives, and with --provenance the expired and dead ones).
+    files = sum(len(_files(archive.root, archive.base, e, f)) for e in ("a", "b", "d")
+                for f in ("inarchive", "outarchive", "inerror", "outerror", "inexpired", "indead"))
+    assert got["listing"]["files"] == got["parsing"]["records"] == files
+    assert (got["listing"]["endpoints"], got["spark"]["cores"] > 0) == (3, True)
+    # requests: 4 served or failed, 1 expired, 1 dead-lettered; replies: 3 archived
+    assert {k: got["parsing"][k] for k in ("requests", "replies")} == {"requests": 6, "replies": 3}
+    assert (got["figures"]["rows"], got["figures"]["requests"]) == (len(result[0].figures), 4)
+    assert got["outputs"] == {"outputs": len(OUTPUTS), "unanswered": 1}
+    assert got["provenance"] == {"requests": 6}

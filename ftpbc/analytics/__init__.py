@@ -12,6 +12,7 @@ Modules, one job each:
 ``figures``   the Spark computations
 ``chart``     the PNG chart
 ``compact``   archive compaction into a Parquet dataset, journaled removals
+``progress``  the one progress display over a run's phases (phase lines, a live line on a terminal)
 ``job``       the whole run; ``main()`` for ``spark-submit``
 
 The same figures in plain Python, the reference the job is checked against, and synthetic

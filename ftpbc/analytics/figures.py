@@ -124,27 +124,25 @@ def defaults(master: str, environ: Mapping[str, str], log_conf: Path | None = No
 
 
 def read_inputs(spark: SparkSession, inputs: Sequence[Input], namings: Mapping[str, Mapping[str, str]],
-                staging: Path) -> DataFrame:
+                staging: Path, staged: Mapping[str, int] | None = None) -> DataFrame:
     """Parsed records of every input, as one DataFrame whose names are parsed in the JVM.
 
-    ``dir`` inputs are listed here, by the driver, into Parquet files under ``staging``
-    (:mod:`ftpbc.analytics.listing`); mirror parts (JSON lines) and compacted parts (Parquet,
-    metadata columns only) are read by Spark as they are.  Each endpoint's raw rows are then
-    parsed with its naming by Spark SQL functions (:func:`ftpbc.analytics.sqlnames.parse_names`):
-    no Python runs on the executors.
+    ``dir`` inputs are listed by the driver into Parquet files under ``staging``
+    (:func:`ftpbc.analytics.listing.stage_dirs`), here unless ``staged`` says that was done
+    (its result); mirror parts (JSON lines) and compacted parts (Parquet, metadata columns only)
+    are read by Spark as they are.  Each endpoint's raw rows are then parsed with its naming by
+    Spark SQL functions (:func:`ftpbc.analytics.sqlnames.parse_names`): no Python runs on the
+    executors.
     """
-    from ftpbc.analytics.listing import write_dir
+    from ftpbc.analytics.listing import stage_dirs, staging_dirs
     from ftpbc.analytics.sqlnames import parse_names
 
     raw_schema = ddl(RAW_FIELDS)
     by_endpoint: dict[str, list[DataFrame]] = {}
-    # One staging directory per endpoint (named by its rank: endpoint names need no escaping then).
-    where = {e: staging / f"endpoint-{i}" for i, e in enumerate(sorted(namings))}
-    listed: set[str] = set()
-    for i, inp in enumerate(inputs):
-        if inp.kind == "dir" and write_dir(inp, str(where[inp.endpoint]), i):
-            listed.add(inp.endpoint)
-    for endpoint in sorted(listed):
+    if staged is None:
+        staged = stage_dirs(inputs, namings, staging)
+    where = staging_dirs(staging, namings)
+    for endpoint in sorted(staged):
         frame = spark.read.schema(raw_schema).parquet(str(where[endpoint]))
         by_endpoint.setdefault(endpoint, []).append(frame)
     mirror: dict[str, list[str]] = {}

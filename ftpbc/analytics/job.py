@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
-import time
 import uuid as uuidlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ftpbc.analytics.progress import Display, Phase, bar_wanted
 from ftpbc.analytics.sources import ARCHIVE_FOLDERS, TRAIL_FOLDERS, ArchiveSource
 from ftpbc.errors import ConfigError
 
@@ -69,16 +69,22 @@ class Options:
     route: str = "auto"
     mirror: Path | None = None
     compacted: Path | None = None
+    #: a live progress line on stderr, when it is a terminal (never off one)
     progress: bool = True
     print_table: bool = True
     spark_conf: dict[str, str] = field(default_factory=dict)
     #: Spark's own log level on stderr (figures.LOG_LEVELS); "error" keeps its warnings out
     log_level: str = "error"
-    #: told one line per phase (listing, Spark start, parsing and figures, outputs) with its
-    #: counts and elapsed time; Spark runs for seconds between them with nothing else to show
-    report: Callable[[str], None] | None = None
+    #: told each phase as it ends (listing, Spark start, parsing, figures, outputs, provenance),
+    #: with its counts and the seconds since the start (ftpbc.analytics.progress)
+    report: Callable[[Phase], None] | None = None
     #: also write the provenance table (figures.provenance), reading expired and dead letters too
     provenance: bool = False
+
+
+#: what every run writes under ``--out`` (told by the ``outputs`` phase)
+OUTPUTS = ("figures.parquet", "figures.csv", "nodes.parquet", "nodes.csv", "unanswered", "unanswered_csv",
+           "chart.png")
 
 
 @dataclass
@@ -93,32 +99,57 @@ class Result:
 
 
 def run(opts: Options, spark: Any = None) -> Result:
-    """The whole aggregation; ``spark`` reuses a session (tests), else one is built from ``--master``."""
+    """The whole aggregation; ``spark`` reuses a session (tests), else one is built from ``--master``.
+
+    Its phases (:data:`ftpbc.analytics.progress.PHASES`) are told to ``opts.report`` as they
+    end, each with its counts; ``opts.progress`` adds a live line on a terminal.
+    """
+    import sys
+
+    with Display(opts.report, live=sys.stderr if bar_wanted(opts.progress) else None) as display:
+        return _run(opts, spark, display)
+
+
+def spark_status(spark: Any) -> Callable[[], str]:
+    """What Spark is at, for the live line: tasks done of the running stages' tasks."""
+    tracker = spark.sparkContext.statusTracker()
+
+    def status() -> str:
+        done = total = 0
+        for stage in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(stage)
+            if info is not None:
+                done += info.numCompletedTasks
+                total += info.numTasks
+        return f"{done}/{total} tasks" if total else ""
+
+    return status
+
+
+def _run(opts: Options, spark: Any, display: Display) -> Result:
     from ftpbc.analytics import figures as fg
     from ftpbc.analytics.chart import draw
-    from ftpbc.analytics.listing import Input
+    from ftpbc.analytics.listing import Input, stage_dirs
     from ftpbc.analytics.mirror import part_files, update_mirror
-
-    started = time.monotonic()
-
-    def say(what: str) -> None:
-        if opts.report is not None:
-            opts.report(f"[{time.monotonic() - started:6.1f} s] {what}")
 
     window = fg.Window(parse_bucket(opts.bucket),
                        parse_time(opts.since, "--since") if opts.since else None,
                        parse_time(opts.until, "--until") if opts.until else None)
     # One source per endpoint: "--endpoint q --endpoint q" must not count q twice.
     sources = list({s.endpoint: s for s in opts.sources}.values())
+    namings = {s.endpoint: s.naming() for s in sources}
     mirror_root = opts.mirror or opts.out / "mirror"
     direct = [s for s in sources if not s.server.has_host and opts.route == "auto"]
     mirrored = [s for s in sources if s not in direct]
     # Expired requests and dead letters end outside the archive folders: read for provenance only.
     folders = (*ARCHIVE_FOLDERS, *TRAIL_FOLDERS) if opts.provenance else ARCHIVE_FOLDERS
-    stats_new = 0
+    display.begin("listing")
+    stats_new = stats_listed = 0
     if mirrored:
-        stats = update_mirror(mirror_root, mirrored, progress=opts.progress, folders=folders)
-        stats_new = stats.new
+        # The display's live line is the one progress display: no tqdm bar of the mirror's own.
+        stats = update_mirror(mirror_root, mirrored, progress=False, folders=folders,
+                              on_folder=lambda label: display.status(f"mirror {label}"))
+        stats_new, stats_listed = stats.new, stats.listed
     inputs: list[Input] = []
     for s in direct:
         for folder in folders:
@@ -133,25 +164,45 @@ def run(opts: Options, spark: Any = None) -> Result:
     # Only the mirror (a crash between a part and its names) and a file both compacted and
     # still on the server can yield a record twice; a single listing of a folder cannot.
     dedupe = bool(compacted) or any(i.kind == "mirror" for i in inputs)
-    say(f"listing: {sum(i.kind == 'dir' for i in inputs)} archive folders, "
-        f"{sum(i.kind == 'mirror' for i in inputs)} mirror parts, {len(compacted)} compacted parts "
-        f"of {len(sources)} endpoints")
-    if spark is None:
-        say(f"starting Spark ({opts.master})")
-        spark = fg.session(opts.master, extra=opts.spark_conf, log_level=opts.log_level)
-    say("parsing names and pairing requests with replies")
     staging = opts.out / ".listing" / uuidlib.uuid4().hex[:12]
     provenance_dir: Path | None = None
     try:
-        parsed = fg.read_inputs(spark, [*inputs, *compacted], {s.endpoint: s.naming() for s in sources},
-                                staging)
+        staged = stage_dirs(inputs, namings, staging,
+                            on_folder=lambda label, total: display.status(f"{label}, {total} files"))
+        n_dirs = sum(i.kind == "dir" for i in inputs)
+        n_parts = sum(i.kind == "mirror" for i in inputs)
+        listed = sum(staged.values()) + stats_listed
+        display.end("listing", f"{listed} files listed: {n_dirs} archive folders, {n_parts} mirror parts "
+                    f"({stats_new} new), {len(compacted)} compacted parts of {len(sources)} endpoints",
+                    files=listed, folders=n_dirs, mirror_parts=n_parts, mirrored_new=stats_new,
+                    compacted_parts=len(compacted), endpoints=len(sources))
+        if spark is None:
+            display.begin("spark")
+            spark = fg.session(opts.master, extra=opts.spark_conf, log_level=opts.log_level)
+            how = f"started ({opts.master})"
+        else:
+            how = "running session reused"
+        cores = int(spark.sparkContext.defaultParallelism)
+        display.end("spark", f"{how}, {cores} cores", cores=cores)
+        status = spark_status(spark)
+        display.begin("parsing", status)
+        parsed = fg.read_inputs(spark, [*inputs, *compacted], namings, staging, staged)
+        kinds = {r["kind"]: int(r["count"]) for r in parsed.groupBy("kind").count().collect()}
+        replies = kinds.get("response", 0) + kinds.get("error_reply", 0)
+        others = sum(kinds.values()) - kinds.get("request", 0) - replies
+        display.end("parsing", f"{sum(kinds.values())} records: {kinds.get('request', 0)} requests, "
+                    f"{replies} replies, {others} other", records=sum(kinds.values()),
+                    requests=kinds.get("request", 0), replies=replies, other=others)
+        display.begin("figures", status)
         rel = fg.relevant(parsed, dedupe=dedupe)
         pairs = fg.pairs(rel, window).cache()
         try:
             rows = fg.to_rows(fg.by_bucket(pairs), ["endpoint", "bucket"])
             nodes = fg.to_rows(fg.by_node(pairs), ["endpoint", "bucket", "node"])
-            say(f"figures: {len(rows)} endpoint-bucket rows, {len(nodes)} node rows, "
-                f"{sum(r['requests'] for r in rows)} requests")
+            n_requests = sum(r["requests"] for r in rows)
+            display.end("figures", f"{len(rows)} endpoint-bucket rows, {len(nodes)} node rows, "
+                        f"{n_requests} requests", rows=len(rows), node_rows=len(nodes), requests=n_requests)
+            display.begin("outputs", status)
             opts.out.mkdir(parents=True, exist_ok=True)
             _write_small(rows, opts.out / "figures")
             _write_small(nodes, opts.out / "nodes")
@@ -160,18 +211,23 @@ def run(opts: Options, spark: Any = None) -> Result:
             (spark.read.parquet(str(opts.out / "unanswered")).write.mode("overwrite")
              .option("header", True).csv(str(opts.out / "unanswered_csv")))
             n_un = sum(r["unanswered"] for r in rows)
-            if opts.provenance:
-                provenance_dir = opts.out / "provenance"
-                fg.provenance(parsed, window).write.mode("overwrite").parquet(str(provenance_dir))
         finally:
             pairs.unpersist()
+        chart = draw(rows, opts.out / "chart.png", bucket_label=opts.bucket, bucket_us=window.bucket_us)
+        written = [p for p in OUTPUTS if (opts.out / p).exists()]
+        display.end("outputs", f"{len(written)} outputs written under {opts.out} ({', '.join(written)}), "
+                    f"{n_un} unanswered requests listed", outputs=len(written), unanswered=n_un)
+        if opts.provenance:
+            display.begin("provenance", status)
+            provenance_dir = opts.out / "provenance"
+            fg.provenance(parsed, window).write.mode("overwrite").parquet(str(provenance_dir))
+            n_prov = spark.read.parquet(str(provenance_dir)).count()  # from the files' footers
+            display.end("provenance", f"{n_prov} requests written to {provenance_dir}", requests=n_prov)
     finally:
         # The staging dataset is this run's listing, read by the steps above; nothing later needs it.
         shutil.rmtree(staging, ignore_errors=True)
         with contextlib.suppress(OSError):  # another run's staging may still be there: leave it
             staging.parent.rmdir()
-    chart = draw(rows, opts.out / "chart.png", bucket_label=opts.bucket, bucket_us=window.bucket_us)
-    say(f"outputs written under {opts.out}")
     if opts.print_table:
         print(format_table(rows))
     return Result(rows, nodes, n_un, chart, stats_new, provenance_dir)

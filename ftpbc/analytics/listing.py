@@ -27,8 +27,9 @@ so both sides see the same records with the same inferred precision.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from ftpbc.analytics.records import RAW_FIELDS, arrow_schema
@@ -140,3 +141,31 @@ def write_dir(inp: Input, directory: str, index: int, skipped: list[int] | None 
         os.replace(tmp, path)
         total += n
     return total
+
+
+def staging_dirs(staging: Path, endpoints: Iterable[str]) -> dict[str, Path]:
+    """One staging directory per endpoint, named by its rank (endpoint names need no escaping)."""
+    return {e: staging / f"endpoint-{i}" for i, e in enumerate(sorted(endpoints))}
+
+
+def stage_dirs(inputs: Sequence[Input], endpoints: Iterable[str], staging: Path,
+               on_folder: Callable[[str, int], None] | None = None) -> dict[str, int]:
+    """List every ``dir`` input into its endpoint's staging directory (:func:`write_dir`);
+    returns the records written per endpoint (endpoints without any left out).
+
+    ``on_folder(label, total)`` is told after each folder: ``<endpoint>/<folder>`` and the
+    records written so far.
+    """
+    where = staging_dirs(staging, endpoints)
+    written: dict[str, int] = {}
+    total = 0
+    for i, inp in enumerate(inputs):
+        if inp.kind != "dir":
+            continue
+        n = write_dir(inp, str(where[inp.endpoint]), i)
+        total += n
+        if n:
+            written[inp.endpoint] = written.get(inp.endpoint, 0) + n
+        if on_folder is not None:
+            on_folder(f"{inp.endpoint}/{inp.folder}", total)
+    return written

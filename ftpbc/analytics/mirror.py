@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,9 +126,11 @@ def mirror_folder(transport: Transport, source: ArchiveSource, folder: str, root
 
 
 def update_mirror(root: Path, sources: Sequence[ArchiveSource], *, progress: bool = True,
-                  folders: Sequence[str] = ARCHIVE_FOLDERS) -> MirrorStats:
+                  folders: Sequence[str] = ARCHIVE_FOLDERS,
+                  on_folder: Callable[[str], None] | None = None) -> MirrorStats:
     """Bring the mirror of ``sources``' ``folders`` up to date; one transport per server, closed
-    at the end."""
+    at the end.  ``progress``: a tqdm bar on a terminal; ``on_folder`` is told, after each
+    folder, what the bar's label says (for a display of its own)."""
     from tqdm import tqdm
 
     stats = MirrorStats()
@@ -147,8 +149,10 @@ def update_mirror(root: Path, sources: Sequence[ArchiveSource], *, progress: boo
                 mirror_folder(t, source, folder, root, stats)
                 # Set once the folder is done: set before, it would show the previous folders'
                 # count against this folder's name.
-                bar.set_postfix_str(f"{source.endpoint}/{folder} new={stats.new - before} total={stats.new}",
-                                    refresh=False)
+                label = f"{source.endpoint}/{folder} new={stats.new - before} total={stats.new}"
+                bar.set_postfix_str(label, refresh=False)
+                if on_folder is not None:
+                    on_folder(label)
                 bar.update(1)
     finally:
         for t in transports.values():

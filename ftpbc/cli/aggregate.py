@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 import click
 
+from ftpbc.analytics.progress import Phase
+from ftpbc.cli import logs
 from ftpbc.errors import ConfigError
 
 
@@ -33,7 +36,9 @@ from ftpbc.errors import ConfigError
 @click.option("--provenance", is_flag=True,
               help="Also write <out>/provenance (Parquet): one row per request with its steps, nodes "
                    "and outcome, expired and dead-lettered requests included.")
-@click.option("--no-progress", is_flag=True, help="Draw no progress bars (none are drawn off a terminal).")
+@click.option("--no-progress", is_flag=True,
+              help="Draw no live progress line or bars (none are drawn off a terminal, nor under "
+                   "--log-format json); each phase's line is written all the same.")
 def aggregate(config_path: str, endpoints: tuple[str, ...], since: str | None, until: str | None,
               bucket: str, out: str, master: str, confs: tuple[str, ...], route: str, compact: bool,
               provenance: bool, no_progress: bool) -> None:
@@ -70,13 +75,27 @@ def aggregate(config_path: str, endpoints: tuple[str, ...], since: str | None, u
                                progress=not no_progress)
         click.echo(f"compacted {stats.files} files ({stats.bytes} bytes) in {stats.batches} batches"
                    + (f", finished {stats.recovered} interrupted" if stats.recovered else ""))
+    fmt = logs.current_format()
     result = run(Options(sources=sources, out=out_dir, bucket=bucket, since=since, until=until,
-                         master=master, route=route, progress=not no_progress,
+                         master=master, route=route, progress=not no_progress and fmt == "text",
                          spark_conf=spark_conf,
                          log_level=spark_log_level(), provenance=provenance,
-                         report=lambda line: click.echo(f"aggregate {line}", err=True)))
+                         report=lambda phase: click.echo(phase_line(phase, fmt), err=True)))
     click.echo(f"{len(result.figures)} rows; {result.unanswered} unanswered; chart: {result.chart}"
                + (f"; provenance: {result.provenance}" if result.provenance is not None else ""))
+
+
+def phase_line(phase: Phase, fmt: str) -> str:
+    """A finished phase as the command writes it on stderr: ``aggregate [  1.2 s] listing: ...``,
+    or under ``--log-format json`` one JSON object as the log lines are (logger
+    ``ftpbc.aggregate``, event ``phase``) with ``phase``, ``elapsed_s`` and ``counts`` besides."""
+    if fmt != "json":
+        return f"aggregate {phase.line()}"
+    record = logging.LogRecord("ftpbc.aggregate", logging.INFO, "", 0, "%s", (phase.line(),), None)
+    record.event = "phase"
+    out = json.loads(logs.JsonFormatter().format(record))
+    out.update(phase=phase.name, elapsed_s=phase.elapsed_s, counts=dict(phase.counts))
+    return json.dumps(out, ensure_ascii=False)
 
 
 def spark_log_level() -> str:
