@@ -21,6 +21,7 @@ or fanned-out copy names its hop as parent when its name had no room either.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
@@ -52,6 +53,8 @@ MAX_TRACEPARENT = 256
 MAX_TRACESTATE = 512
 
 T = TypeVar("T")
+
+log = logging.getLogger("ftpbc.tracing")
 
 
 class _Api:
@@ -86,11 +89,16 @@ def _load() -> _Api | None:
     global _api, _tried
     with _lock:
         if not _tried:
-            _tried = True
             try:
                 _api = _Api()
             except ImportError:
+                _api = None  # the extra is not installed: tracing off, quietly
+            except Exception as exc:  # an installation that imports but is broken: off, said once
+                log.warning("OpenTelemetry tracing is off: opentelemetry failed to load: %s: %s",
+                            type(exc).__name__, exc)
                 _api = None
+            # set once _api is: a thread that sees _tried sees the API too
+            _tried = True
     return _api
 
 
@@ -205,12 +213,31 @@ def _attributes(destination: str, operation_type: str, operation_name: str,
 
 @contextmanager
 def _span(api: _Api, name: str, kind: Any, attributes: dict[str, str], parent: Any) -> Iterator[Traced]:
-    tracer = api.current[1]
-    # Current while the block runs: a handler's own spans are children of it, and a route's or a
-    # send's properties name it (current_properties).
-    with tracer.start_as_current_span(name, context=parent, kind=kind, attributes=attributes,
-                                      record_exception=True, set_status_on_exception=True) as span:
+    try:
+        span = api.current[1].start_span(name, context=parent, kind=kind, attributes=attributes)
+        # Current while the block runs: a handler's own spans are children of it, and a route's
+        # properties name it (current_properties).
+        token = api.context.attach(api.trace.set_span_in_context(span))
+    except Exception:  # a tracer that fails: the message goes on without its span
+        yield NOOP
+        return
+    try:
         yield Traced(api, span)
+    except BaseException as exc:
+        _quietly(span.record_exception, exc)
+        _quietly(span.set_status, api.status(api.error, f"{type(exc).__name__}: {exc}"[:200]))
+        raise
+    finally:
+        _quietly(api.context.detach, token)
+        _quietly(span.end)
+
+
+def _quietly(call: Callable[..., object], *args: object) -> None:
+    """``call(*args)``, whatever it raises dropped: tracing never fails what it observes."""
+    try:
+        call(*args)
+    except Exception:
+        return
 
 
 def producing(operation: str, destination: str, *,

@@ -126,6 +126,20 @@ def test_a_send_without_room_for_the_trace_context_goes_without_it(
     assert by_note[0]["traceparent"] == "mine"
 
 
+def test_installed_without_a_tracer_provider_nothing_is_added(pyftpdlib_server: ServerHandle,
+                                                              tmp_path: Path) -> None:
+    base = pyftpdlib_server.fresh_dir()
+    config = in_process_config(pyftpdlib_server, tmp_path, "n1", {"q": {"repository": f"{base}/q", **FAST}})
+    assert not tracing.enabled()
+    with Client(config.with_node_id("n1.client0")) as client, \
+            trace.get_tracer("test").start_as_current_span("caller"):  # the API's no-op: no context
+        sent = client.send("q", b"a")
+    # the plain name: no trace properties, nothing else either
+    name = sent.rsplit("/", 1)[-1]
+    assert name.startswith("msg.") and ";" not in name
+    assert [p.name for p in pyftpdlib_server.local(f"{base}/q/inbox").iterdir()] == [name]
+
+
 # --------------------------------------------------------------------------- across two processes
 
 
