@@ -37,6 +37,7 @@ __all__ = [
     "current_properties",
     "enabled",
     "producing",
+    "received",
     "with_trace_properties",
 ]
 
@@ -103,8 +104,8 @@ def _load() -> _Api | None:
 
 
 def _active() -> _Api | None:
-    """The API when spans are to be made: installed, and a real tracer provider set (its
-    tracer then in ``api.tracer``)."""
+    """The API when spans are to be made: installed, and a real tracer provider set (it and
+    its tracer then in ``api.current``)."""
     api = _api if _tried else _load()
     if api is None:
         return None
@@ -114,7 +115,10 @@ def _active() -> _Api | None:
     if api.current[0] is not provider:
         # A tracer made once per provider: making one costs more than a span.  One tuple, so a
         # thread never pairs a provider with another's tracer.
-        api.current = (provider, provider.get_tracer("ftpbc"))
+        try:
+            api.current = (provider, provider.get_tracer("ftpbc"))
+        except Exception:  # a provider that cannot make a tracer: no span
+            return None
     return api
 
 
@@ -263,6 +267,28 @@ def consuming(operation: str, destination: str, properties: Mapping[str, object]
         return NOOP
     return _span(api, f"{operation} {destination}", api.kind.CONSUMER,
                  _attributes(destination, "process", operation, client_id), _extract(api, properties))
+
+
+def received(destination: str, started_ns: int, properties: Mapping[str, object], *,
+             message_id: str | None = None, body_size: int | None = None,
+             client_id: str | None = None) -> None:
+    """A pull consumer's ``receive`` span (CONSUMER) for one message, from ``started_ns``
+    (``time.time_ns()`` when the wait began) to now: a child of the current span, linked to the
+    sender's (the context the message's properties carry, when they carry one).  Nothing when
+    tracing is off."""
+    api = _active()
+    if api is None:
+        return
+    try:
+        carried = _extract(api, properties)
+        links = [api.link(api.trace.get_current_span(carried).get_span_context())] if carried else []
+        span = api.current[1].start_span(f"receive {destination}", kind=api.kind.CONSUMER,
+                                         start_time=started_ns, links=links,
+                                         attributes=_attributes(destination, "receive", "receive", client_id))
+        Traced(api, span).message(message_id, body_size)
+        span.end()
+    except Exception:  # tracing never fails a delivery
+        return
 
 
 def current_properties() -> dict[str, str]:

@@ -262,6 +262,9 @@ def test_routing_carries_the_context_through_the_route_to_the_destination(
     assert route["attributes"]["messaging.message.id"] == send["attributes"]["messaging.message.id"]
     # the routed message names the route's span as its parent
     assert isinstance(carried, str) and carried.split("-")[1:3] == [route["trace_id"], route["span_id"]]
+    # and the pull consumer's receive span at the destination links to the route's
+    receive = only(records, "receive b")
+    assert receive["links"] == [{"trace_id": route["trace_id"], "span_id": route["span_id"]}]
 
 
 def test_fan_out_carries_the_publishers_context_to_every_subscription(
@@ -298,6 +301,15 @@ def test_fan_out_carries_the_publishers_context_to_every_subscription(
     expected = ["00", publish["trace_id"], publish["span_id"]]
     assert {sub: str(value).split("-")[:3] for sub, value in carried.items()} == {
         "audit": expected, "billing": expected}
+    # each subscriber's receive span links back to the publisher's span
+    receives = {r["attributes"]["messaging.destination.name"]: r for r in records
+                if r["name"].startswith("receive")}
+    assert sorted(receives) == ["orders/audit", "orders/billing"]
+    for sub, r in receives.items():
+        assert r["kind"] == "CONSUMER" and r["parent_span_id"] is None, sub
+        messaging(r, sub, "receive", "receive")
+        assert r["links"] == [{"trace_id": publish["trace_id"], "span_id": publish["span_id"]}]
+        assert r["attributes"]["messaging.message.body.size"] == len(b"order 1")
 
 
 # --------------------------------------------------------------------------- without the extra

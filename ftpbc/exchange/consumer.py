@@ -54,6 +54,7 @@ from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import IO, Literal
 
+from ftpbc import tracing
 from ftpbc.errors import FtpbcError, TransportError
 from ftpbc.exchange.layout import Candidate
 from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Disposition, Lifecycle, Unread
@@ -224,6 +225,7 @@ class Receiver:
         them.  Raises what the server answers when listing or claiming fails."""
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = FIRST_WAIT
+        started = time.time_ns() if tracing.enabled() else 0
         while not self._closing.is_set():
             self._housekeeping()
             with self.poll_lock.attempt() as held:
@@ -231,6 +233,10 @@ class Receiver:
             if claimed is not None:
                 delivery = self._read(claimed)
                 if delivery is not None:
+                    if started:
+                        message = delivery.message
+                        tracing.received(self.endpoint, started, message.properties, message_id=message.uuid,
+                                         body_size=message.size, client_id=self.lifecycle.node_id)
                     return delivery
                 continue  # that one could not be read (it was dealt with): look again at once
             pause = LOCK_RETRY if not held else wait
