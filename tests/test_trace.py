@@ -125,6 +125,19 @@ def test_request_route_and_topic_fan_out_are_traced(trace_server: ServerHandle, 
     assert client.trace(oid, until=since).sightings == []
     assert [s.event for s in client.trace(correlation_id=uid).sightings] == ["served", "collected"]
 
+    # A request sent to a route's source cannot be routed (no reply could come): the route
+    # files it in its failure directory, with the reason beside it.
+    rid = client.submit("events", b"r1")
+    reason_file = handle.local(f"{base}/failed/req.{rid}.reason")
+    wait_until(lambda: reason_file.is_file() and reason_file.read_text().endswith("\n"), timeout=30,
+               what="the request in the failure directory with its whole reason")
+    failed = client.trace(rid)
+    assert sorted(events(failed)) == [("delivered", "route deliver: failure", None),
+                                      ("routed", "endpoint events", "prov")]
+    [filed] = [s for s in failed.sightings if s.event == "delivered"]
+    assert filed.kind == "request" and filed.path == f"{base}/failed/req.{rid}"
+    assert filed.reason is not None and "a route carries one-way messages" in filed.reason
+
 
 def dlq_config(handle: ServerHandle, base: str, workdir: Path, node_id: str) -> Config:
     """``ep`` holds one message at most and files the next as a dead letter."""
@@ -155,11 +168,15 @@ def test_dead_letter_its_replay_and_an_expired_message_are_traced(trace_server: 
     node.start()
     wait_until(lambda: seen.count() == 1 and len(area_files(handle, repo, "inexpired")) == 2, timeout=30,
                what="the first message served, the expired one filed")
-    # A replay as the replay command sends one: a new message carrying the original's id.
+    # The dead letter sent again as a new message (ftpbc replay --from dead): it stays filed.
     replay_id = str(uuid.uuid4())
-    replay = id_of(client.send("ep", b"second", properties={REPLAY_OF: dead, REPLAY_ID: replay_id}))
+    plan, report = client.replay("ep", datetime.now(UTC) - timedelta(hours=1), source="dead",
+                                 replay_id=replay_id)
+    assert len(plan.messages) == 1 and report is not None
     wait_until(lambda: seen.count() == 2 and len(area_files(handle, repo, "inarchive")) == 2, timeout=30,
                what="the replay served")
+    replay = next(m.uuid for m in seen.messages if m.properties.get(REPLAY_OF) == dead)
+    assert seen.bodies[-1] == b"second"
 
     trace = client.trace(dead)
     assert [(s.event, s.id) for s in trace.sightings] == [("dead-lettered", dead), ("consumed", replay)]
