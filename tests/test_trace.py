@@ -20,11 +20,21 @@ import pytest
 
 from ftpbc.client import Client
 from ftpbc.config.models import Config
+from ftpbc.config.servers import ServerConfig
 from ftpbc.exchange.trace import REPLAY_ID, REPLAY_OF, Query, Trace, _property_glob, _window_globs, parse_when
 from ftpbc.journal import Journal
 from ftpbc.node.serve import Node
 from tests.servers.handle import ServerHandle
-from tests.support import Seen, area_files, drop_message, ftpbc_env, run_ftpbc, wait_until
+from tests.support import (
+    Seen,
+    area_files,
+    drop_message,
+    free_port,
+    ftpbc_env,
+    run_ftpbc,
+    server_yaml,
+    wait_until,
+)
 from tests.test_bad_input import main_in_process
 
 FAST = {"poll_interval": 0.02, "workers": 2, "timeout": 20, "redelivery_delay": 0.05}
@@ -303,3 +313,51 @@ def test_times_and_queries_are_checked() -> None:
         Query()
     with pytest.raises(ValueError, match="is after until"):
         Query("x", since=now, until=now - timedelta(seconds=1))
+
+
+@pytest.mark.parametrize("kind", ["local", "pyftpdlib"])
+def test_hostile_names_and_reasons_and_a_server_down(kind: str, request: pytest.FixtureRequest,
+                                                     tmp_path: Path, things: list[Any]) -> None:
+    """What the exchange area holds is anyone's: a reason with terminal escapes is shown
+    escaped, a huge one named and not read, names that are not usable and a directory named
+    like the message are passed over, and a server that cannot be reached is named while the
+    other places are still read."""
+    handle: ServerHandle = request.getfixturevalue(f"{kind}_server")
+    base = handle.fresh_dir()
+    document: dict[str, Any] = {
+        "node": node_section(tmp_path, "cli"),
+        "servers": {"srv": handle.config(name="srv"),
+                    "down": ServerConfig.from_url(f"ftp://nobody@127.0.0.1:{free_port()}/", password="x",
+                                                  name="down", timeout=5)},
+        "endpoints": {"ep": {"server": "srv", "repository": f"{base}/ep", **FAST},
+                      "gone": {"server": "down", "repository": "/gone"}},
+    }
+    client = Client(Config.model_validate(document))
+    things.append(client)
+    client.runtime.lifecycle("ep")
+    uid = str(uuid.uuid4())
+    stamp = "20261128T040000.000Z"
+    error = handle.local(f"{base}/ep/inerror")
+    (error / f"req.{uid}~node-x~{stamp}").write_bytes(b"a")
+    (error / f"req.{uid}~node-x~{stamp}.reason").write_text("boom \x1b[31mred\x1b[0m\n")
+    dead = handle.local(f"{base}/ep/indead")
+    later = "20261128T040001.000Z"
+    (dead / f"req.{uid};n=3~node-x~{later}").write_bytes(b"b")
+    (dead / f"req.{uid};n=3~node-x~{later}.reason").write_bytes(b"x" * 10_000)
+    (handle.local(f"{base}/ep/inarchive") / f"req.{uid};p=12~node-x~{stamp}").write_bytes(b"c")  # p=12
+    (handle.local(f"{base}/ep/inbox") / f"req.{uid}").mkdir()
+
+    trace = client.trace(uid)
+    assert [(s.event, s.delivery_count) for s in trace.sightings] == [("failed", 0), ("dead-lettered", 3)]
+    failed, letter = trace.sightings
+    assert failed.reason == "boom \x1b[31mred\x1b[0m"
+    assert letter.reason is not None and "longer than 4096 bytes" in letter.reason
+    assert len(trace.problems) == 16 and all(p.startswith("endpoint gone: /gone/") for p in trace.problems)
+
+    config = tmp_path / "ftpbc.yaml"
+    del document["endpoints"]["gone"]
+    config.write_text(json.dumps({**document, "servers": {"srv": server_yaml(handle, "TRACE_PW")}}),
+                      encoding="utf-8")
+    shown = main_in_process("trace", uid, "-c", str(config), env={"TRACE_PW": handle.password or ""})
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b" not in shown.stdout and "boom \\x1b[31mred\\x1b[0m" in shown.stdout

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ftpbc.cli.common import config_option, json_option, load
+from ftpbc.cli.logs import escape
 
 
 def _when(key: str, text: str | None, now: datetime) -> datetime | None:
@@ -60,6 +61,8 @@ def trace(config_path: str, message_id: str | None, correlation_id: str | None, 
     if as_json:
         click.echo(json.dumps(found.to_json(), indent=1))
     else:
-        click.echo(text(found))
+        # Names, reasons and properties come from the exchange area: a control character there
+        # must not repaint the operator's terminal (JSON escapes them itself).
+        click.echo(escape(text(found), keep_newlines=True))
     if not found.sightings:
         raise SystemExit(1)

@@ -46,8 +46,9 @@ import io
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -55,7 +56,7 @@ from typing import Any, Literal
 from urllib.parse import unquote
 
 from ftpbc.config.models import Config, EndpointConfig
-from ftpbc.errors import FtpbcError, NotFound, TransportError, UnsafeNameError
+from ftpbc.errors import FtpbcError, NotFound, ReadPastSize, TransportError, UnsafeNameError
 from ftpbc.exchange.area import KINDS, REASON_SUFFIX, ExchangeArea, parse_stamp, stamp
 from ftpbc.exchange.bounds import BoundedSink
 from ftpbc.exchange.layout import AreaLayout
@@ -87,6 +88,8 @@ MAX_FOLLOW = 8
 MAX_TIME_GLOBS = 48
 #: bytes of one journal file read at most
 MAX_JOURNAL_BYTES = 64 * 1024 * 1024
+#: directories listed at once (each server's transport pools its connections)
+PARALLEL_LISTINGS = 4
 #: journal files read at most per ``--journal`` directory
 MAX_JOURNAL_FILES = 1000
 
@@ -212,6 +215,18 @@ class Trace:
                 "sightings": [s.to_json() for s in self.sightings],
                 "cost": {"listings": self.listings, "names": self.names, "seconds": round(self.seconds, 3)},
                 "problems": self.problems, "truncated": self.truncated}
+
+
+@dataclass
+class _Listed:
+    """What one place's listing gave: its sightings (keyed by server, directory and name), its
+    cost, whether it was read to its end, and the problem that stopped it."""
+
+    found: list[tuple[tuple[str, str, str], Sighting]] = field(default_factory=list)
+    listings: int = 0
+    names: int = 0
+    complete: bool = True
+    problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -357,61 +372,77 @@ class Tracer:
         result.seconds = time.monotonic() - started
         return result
 
-    def _round(self, places: Iterable[Place], query: Query, uid: str | None, selector: Selector | None,
+    def _round(self, places: Sequence[Place], query: Query, uid: str | None, selector: Selector | None,
                result: Trace, keyed: dict[tuple[str, str, str], Sighting]) -> None:
-        for place in places:
-            if len(keyed) >= MAX_SIGHTINGS:
-                result.truncated = True
-                return
+        """List every place once for ``uid`` (or the query), PARALLEL_LISTINGS at a time."""
+        def one(place: Place) -> _Listed:
             try:
-                self._place(place, query, uid, selector, result, keyed)
+                return self._place(place, query, uid, selector)
             except NotFound:
-                continue  # an area never made, a subscription gone: no place
+                return _Listed()  # an area never made, a subscription gone: no place
             except (FtpbcError, OSError) as exc:  # one place never stops the others
-                result.problems.append(f"{place.label}: {place.path}: {exc}")
+                return _Listed(problem=f"{place.label}: {place.path}: {exc}")
 
-    def _place(self, place: Place, query: Query, uid: str | None, selector: Selector | None,
-               result: Trace, keyed: dict[tuple[str, str, str], Sighting]) -> None:
+        with ThreadPoolExecutor(PARALLEL_LISTINGS, thread_name_prefix="ftpbc-trace") as pool:
+            for listed in pool.map(one, places):
+                result.listings += listed.listings
+                result.names += listed.names
+                result.truncated = result.truncated or not listed.complete
+                if listed.problem is not None:
+                    result.problems.append(listed.problem)
+                for key, found in listed.found:
+                    if len(keyed) >= MAX_SIGHTINGS:
+                        result.truncated = True
+                        break
+                    keyed.setdefault(key, found)
+
+    def _place(self, place: Place, query: Query, uid: str | None, selector: Selector | None) -> _Listed:
+        """One directory listed (by its globs where the server can), its names decoded as they
+        come; only the sightings ``query`` asks for are kept, and the reason files' names."""
         transport = self._transport(place.server)
         globs = _globs(place, query, uid)
-        entries: dict[str, Entry] = {}
+        listed = _Listed()
+        kept: dict[str, Sighting] = {}
+        reasons: set[str] = set()
         count = [0]
 
         def visit(e: Entry) -> bool:
             count[0] += 1
-            if not e.is_dir and (globs is None or any(fnmatchcase(e.name, g) for g in globs)):
-                entries[e.name] = e
-            return count[0] < MAX_VISITED and len(entries) < MAX_SIGHTINGS
+            if e.is_dir or (globs is not None and not any(fnmatchcase(e.name, g) for g in globs)):
+                return count[0] < MAX_VISITED
+            if e.name.endswith(REASON_SUFFIX) and place.kind in REASONED:
+                reasons.add(e.name)
+            else:
+                found = self._sighting(place, e, query, uid, selector)
+                if found is not None:
+                    kept[e.name] = found
+            return count[0] < MAX_VISITED and len(kept) < MAX_SIGHTINGS
 
-        complete = True
         if globs is not None and transport.globs is not False:
             try:
                 for g in globs:
-                    result.listings += 1
-                    complete = transport.scan(place.path, visit, glob=g) and complete
+                    listed.listings += 1
+                    listed.complete = transport.scan(place.path, visit, glob=g) and listed.complete
             except GlobRefused:
                 # Refused before anything was visited (pyftpdlib): one whole listing, matched here.
-                entries.clear()
+                kept.clear()
+                reasons.clear()
                 count[0] = 0
-                result.listings += 1
-                complete = transport.scan(place.path, visit)
+                listed.listings += 1
+                listed.complete = transport.scan(place.path, visit)
         else:
-            result.listings += 1
-            complete = transport.scan(place.path, visit)
-        result.names += count[0]
-        if not complete:
-            result.truncated = True
-        for e in entries.values():
-            if e.name.endswith(REASON_SUFFIX) and place.kind in REASONED:
-                continue
-            found = self._sighting(place, e, entries, transport, query, uid, selector)
-            if found is not None:
-                keyed.setdefault((place.server, place.path, e.name), found)
+            listed.listings += 1
+            listed.complete = transport.scan(place.path, visit)
+        listed.names = count[0]
+        for name, found in kept.items():
+            if name + REASON_SUFFIX in reasons:
+                found = replace(found, reason=_read_reason(transport, f"{place.path}/{name}{REASON_SUFFIX}"))
+            listed.found.append(((place.server, place.path, name), found))
+        return listed
 
-    def _sighting(self, place: Place, e: Entry, listed: dict[str, Entry], transport: Transport,
-                  query: Query, uid: str | None, selector: Selector | None) -> Sighting | None:
-        """The sighting listed entry ``e`` is, if it is one ``query`` asks for (the reason file
-        beside it read only then)."""
+    def _sighting(self, place: Place, e: Entry, query: Query, uid: str | None,
+                  selector: Selector | None) -> Sighting | None:
+        """The sighting listed entry ``e`` is, if it is one ``query`` asks for."""
         parts = e.name.split("~")
         try:
             env = place.codec.decode(parts[0], direction=place.direction)
@@ -443,13 +474,9 @@ class Tracer:
             sent = None  # a file time without seconds (LIST): a minute is no measure of a wait
         if stamped is not None and sent is not None:
             waited = round((stamped - sent).total_seconds(), 3)
-        reason = None
-        beside = listed.get(e.name + REASON_SUFFIX)
-        if beside is not None:
-            reason = _read_reason(transport, f"{place.path}/{beside.name}", beside.size)
         exact = stamped is not None or when is None or when.microsecond != 0
         return Sighting(when, event, place.label, place.server, f"{place.path}/{e.name}", h.id, h.kind,
-                        node, h.delivery_count, h.correlation_id, dict(env.properties), e.size, reason,
+                        node, h.delivery_count, h.correlation_id, dict(env.properties), e.size, None,
                         waited, exact=exact)
 
     # ------------------------------------------------------------------ journals
@@ -598,13 +625,14 @@ def _wanted(env: Envelope, when: datetime | None, query: Query, uid: str | None,
     return True
 
 
-def _read_reason(transport: Transport, path: str, size: int) -> str:
-    if size > REASON_BYTES:
-        return f"(a reason of {size} bytes, longer than {REASON_BYTES}: read it at {path})"
+def _read_reason(transport: Transport, path: str) -> str:
+    """A reason file's text, at most REASON_BYTES of it (a longer one is named, not shown)."""
     sink = io.BytesIO()
     try:
         transport.get(path, BoundedSink(sink, REASON_BYTES, server=transport.server, path=path,
-                                        listed=f"{size} bytes").as_binary())
+                                        listed=f"at most {REASON_BYTES} bytes").as_binary())
+    except ReadPastSize:
+        return f"(a reason longer than {REASON_BYTES} bytes: read it at {path})"
     except FtpbcError as exc:
         return f"(reason not read: {exc})"
     return sink.getvalue().decode("utf-8", "replace").strip()
