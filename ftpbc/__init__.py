@@ -9,10 +9,10 @@ servers or a shared directory, with any number of cluster nodes competing for th
 * a handler receives a `Message` and returns a `HandlerResult`; `Message.headers` is a
   `Headers`, `Message.properties` maps names to `PropertyValue`;
 * a client script uses `Client` (made from a `Config`, or `Client.from_config`), whose sends
-  take `MessageOptions` and whose pulls, subscriptions, transactions, browsing and dead-letter
-  views give `Delivery`, `Consumer` (acknowledging as an `AckMode` says), `Subscription`,
-  `Transaction`, `Waiting`, `DeadLetters` and `DeadLetter`; selectors are text or a
-  `Selector` from `compile_selector`;
+  take `MessageOptions` and whose pulls, subscriptions, transactions, browsing, dead-letter
+  views and traces give `Delivery`, `Consumer` (acknowledging as an `AckMode` says),
+  `Subscription`, `Transaction`, `Waiting`, `DeadLetters`, `DeadLetter`, `Trace` and
+  `Sighting`; selectors are text or a `Selector` from `compile_selector`;
 * an operator script serving endpoints in-process uses `Node` with `Handler` functions;
 * every error ftpbc raises on purpose is an `FtpbcError`; the classes are exported here and in
   :mod:`ftpbc.errors` (`UnknownSubscription` here only).
@@ -87,6 +87,7 @@ if TYPE_CHECKING:
     from ftpbc.exchange.consumer import AckMode, Consumer, Delivery
     from ftpbc.exchange.deadletter import DeadLetter, DeadLetters
     from ftpbc.exchange.topics import Subscription, UnknownSubscription
+    from ftpbc.exchange.trace import Sighting, Trace
     from ftpbc.exchange.transaction import Transaction
     from ftpbc.model.headers import Headers, MessageOptions, PropertyValue
     from ftpbc.model.message import HandlerResult, Message
@@ -112,6 +113,8 @@ _LAZY: dict[str, str] = {
     "Subscription": "ftpbc.exchange.topics",
     "UnknownSubscription": "ftpbc.exchange.topics",
     "Transaction": "ftpbc.exchange.transaction",
+    "Trace": "ftpbc.exchange.trace",
+    "Sighting": "ftpbc.exchange.trace",
     "Selector": "ftpbc.model.selector",
     "compile_selector": "ftpbc.model.selector",
     "Node": "ftpbc.node.serve",
@@ -126,9 +129,9 @@ __all__ = [
     "MissingDependency", "Node", "NotFound", "OutcomeUnknown", "PatternError", "PermissionDenied",
     "PropertyValue", "ProtocolError", "QueueFull", "ReadPastSize", "RemoteHandlerError",
     "RequestExpired", "RequestTimeout", "Selector", "SelectorError", "SequenceError", "ServerBusy",
-    "SessionLimit", "SourceGone", "Subscription", "TLSFailed", "Transaction", "TransportError",
-    "TransportTimeout", "UnknownRequest", "UnknownSubscription", "UnsafeEntry", "UnsafeNameError",
-    "UnsafeSource", "Waiting", "__version__", "compile_selector", "load_config",
+    "SessionLimit", "Sighting", "SourceGone", "Subscription", "TLSFailed", "Trace", "Transaction",
+    "TransportError", "TransportTimeout", "UnknownRequest", "UnknownSubscription", "UnsafeEntry",
+    "UnsafeNameError", "UnsafeSource", "Waiting", "__version__", "compile_selector", "load_config",
 ]
 
 

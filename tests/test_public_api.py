@@ -33,6 +33,7 @@ PUBLIC = {
     "Message", "HandlerResult", "Headers", "PropertyValue",
     "Client", "MessageOptions", "Delivery", "Consumer", "AckMode", "Subscription", "Transaction",
     "DeadLetters", "DeadLetter", "Waiting", "Selector", "compile_selector", "UnknownSubscription",
+    "Trace", "Sighting",
     "Node", "Handler",
     "Config", "load_config",
     "FtpbcDeprecationWarning",

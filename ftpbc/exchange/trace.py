@@ -137,7 +137,8 @@ class Query:
 
 @dataclass(frozen=True)
 class Sighting:
-    """One place a message is or was, as one name in one directory (or one journal record) says."""
+    """One place a message is or was, as one name in one directory (or one journal record)
+    says; read from the name and the listing only (a reason file aside), never from the body."""
 
     when: datetime | None
     """The time the place gives (an archive stamp, else the file's time, a journal record's
@@ -180,6 +181,7 @@ class Sighting:
         return value if isinstance(value, str) else None
 
     def to_json(self) -> dict[str, Any]:
+        """This sighting as JSON types (times ISO 8601 UTC; a NaN property as ``"NaN"``)."""
         props = {k: (v if not isinstance(v, float) or v == v else "NaN") for k, v in self.properties.items()}
         return {"when": _iso(self.when), "event": self.event, "place": self.place, "server": self.server,
                 "path": self.path, "id": self.id, "kind": self.kind, "node": self.node,
@@ -190,7 +192,13 @@ class Sighting:
 
 @dataclass
 class Trace:
-    """A trace's answer: the sightings in time order (those without a time last), and what it cost."""
+    """What ``Client.trace`` found: the sightings in time order (those without a time last),
+    the ids traced, the replays found, what it cost and what could not be read.
+
+    Guaranteed: every place of the configuration was listed once per id, or is named in
+    :attr:`problems`; when :attr:`truncated` is False no bound cut a listing short.  Not
+    guaranteed: one instant (each directory is its own snapshot), nor anything deleted or
+    compacted away (docs/tracing.md, "What a trace does not see")."""
 
     query: Query
     sightings: list[Sighting] = field(default_factory=list)
@@ -208,6 +216,7 @@ class Trace:
     truncated: bool = False
 
     def to_json(self) -> dict[str, Any]:
+        """The trace as ``ftpbc trace --json`` prints it (docs/tracing.md, Asking)."""
         q = self.query
         return {"query": {"id": q.id, "correlation_id": q.correlation_id, "where": q.where,
                           "since": _iso(q.since), "until": _iso(q.until)},
