@@ -1,4 +1,4 @@
-"""Time the Spark aggregation against a plain single-process Python pass over the same archive.
+"""Time the aggregation's two engines, Spark and plain (in one Python process), on the same archive.
 
     python3 bench/bench_aggregate.py                    # 10k, 100k, 1M and 2M messages
     python3 bench/bench_aggregate.py --quick            # 10k only (well under 2 minutes)
@@ -8,16 +8,18 @@ Each size: a synthetic archive (3 endpoints; requests, responses, errors, unansw
 never collected or unreadable) written on a local directory through ftpbc's write path; then, in
 the same run, each in a fresh process of its own:
 
-* **spark**: ``ftpbc.analytics.job.run`` with ``local[*]``, as ``ftpbc aggregate`` runs it: a new
-  SparkSession (its start timed and reported apart), the listing by the driver into Parquet,
-  the names parsed by Spark SQL functions in the JVM, every output written (figures and nodes
+* **spark**: ``ftpbc.analytics.job.run`` with ``--engine spark`` and ``local[*]``, as
+  ``ftpbc aggregate --engine spark`` runs it: a new SparkSession started while the driver lists
+  into Parquet (the time is the whole run's, start included; each phase's time is kept), the
+  names parsed by Spark SQL functions in the JVM, every output written (figures and nodes
   Parquet/CSV, the unanswered list, the chart);
-* **plain**: ``tests/plain_figures.py``: one Python process that lists with the same
-  ``listing.scan_chunks``, parses every name with the reference parser (``records.parse_record``),
-  pairs requests and replies in dicts and computes the same figures, writing them as CSV.
+* **plain**: the same with ``--engine plain`` (``ftpbc.analytics.plain``): one Python process that
+  lists with the same ``listing.scan_chunks``, parses every name with the reference parser
+  (``records.parse_record``), pairs requests and replies in dicts, and writes the same outputs.
 
 The outputs of both are compared row by row and column by column, exactly (figures, per-node
-figures, unanswered list) before any time is reported.
+figures, unanswered list in its order) before any time is reported, and the engine
+``--engine auto`` picks for the archive is recorded.
 
 Memory, each the kernel's own peak (``VmHWM`` in ``/proc/<pid>/status``, not a sample): the
 Python driver process, and separately the JVM it started (read just before the session stops).
@@ -30,7 +32,6 @@ Writes bench/results/aggregate.json.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import platform
@@ -46,10 +47,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ftpbc.analytics.listing import Input
 from ftpbc.analytics.sources import ARCHIVE_FOLDERS, ArchiveSource
 from ftpbc.config.servers import ServerConfig
 from ftpbc.transport.local import LocalTransport
-from tests import plain_figures, synthetic
+from tests import synthetic
 
 MIB = 2**20
 
@@ -113,19 +115,6 @@ def load() -> list[float]:
 
 # ----------------------------------------------------------------------------- the two sides
 
-def plain_pass(sources: list[ArchiveSource], out: Path) -> dict[str, list[dict[str, Any]]]:
-    """The reference: ``tests/plain_figures.py`` (scandir, the same parser, dicts), CSV outputs."""
-    res = plain_figures.run(sources)
-    out.mkdir(parents=True, exist_ok=True)
-    for stem, rows in (("figures", res.figures), ("nodes", res.nodes), ("unanswered", res.unanswered)):
-        if rows:
-            with open(out / f"{stem}.csv", "w", newline="") as fh:
-                w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-                w.writeheader()
-                w.writerows(rows)
-    return {"figures": res.figures, "nodes": res.nodes, "unanswered": res.unanswered}
-
-
 def _jsonable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows as JSON for the parent process; times as naive UTC ISO text (Parquet gives aware ones)."""
     def text(v: Any) -> Any:
@@ -136,28 +125,33 @@ def _jsonable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def side_spark(root: Path, out: Path) -> dict[str, Any]:
-    from ftpbc.analytics.figures import session
+    """``--engine spark`` exactly as the command runs it: the session is started by the job (while
+    the driver lists), so the time is the whole run's, start included."""
+    from pyspark import SparkContext
+
     from ftpbc.analytics.job import Options, run
 
+    phases: list[str] = []
     with WorkerPeak() as workers:
         t = time.perf_counter()
-        spark = session("local[*]")
-        start_s = time.perf_counter() - t
-        jvm_pid = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
-        t = time.perf_counter()
-        res = run(Options(sources=sources_at(str(root)), out=out, progress=False, print_table=False),
-                  spark=spark)
-        job_s = time.perf_counter() - t
-        jvm = _java_hwm(jvm_pid)
-        spark.stop()
+        res = run(Options(sources=sources_at(str(root)), out=out, progress=False, print_table=False,
+                          engine="spark", report=lambda p: phases.append(p.line())))
+        total_s = time.perf_counter() - t
+        sc = SparkContext._active_spark_context
+        assert sc is not None
+        jvm = _java_hwm(sc._gateway.proc.pid)  # type: ignore[union-attr]
+        sc.stop()
+    return {"total_s": total_s, "phases": phases, "driver_peak_rss": vm_hwm(), "jvm_peak_rss": jvm,
+            "workers_peak_rss_sampled": workers.peak, "rows": _outputs(res, out)}
+
+
+def _outputs(res: Any, out: Path) -> dict[str, list[dict[str, Any]]]:
+    """What a run wrote and returned, as JSON rows: figures, nodes, the unanswered list in its order."""
     import pyarrow.parquet as pq
 
     unanswered = pq.read_table(out / "unanswered").to_pylist()
-    unanswered.sort(key=lambda r: (r["endpoint"], r["submitted"] is not None, r["submitted"], r["name"]))
-    rows = {"figures": _jsonable(res.figures), "nodes": _jsonable(res.nodes),
+    return {"figures": _jsonable(res.figures), "nodes": _jsonable(res.nodes),
             "unanswered": _jsonable(unanswered)}
-    return {"start_s": start_s, "job_s": job_s, "driver_peak_rss": vm_hwm(), "jvm_peak_rss": jvm,
-            "workers_peak_rss_sampled": workers.peak, "rows": rows}
 
 
 def _java_hwm(launcher_pid: int) -> int | None:
@@ -173,10 +167,13 @@ def _java_hwm(launcher_pid: int) -> int | None:
 
 
 def side_plain(root: Path, out: Path) -> dict[str, Any]:
+    from ftpbc.analytics.job import Options, run
+
     t = time.perf_counter()
-    rows = plain_pass(sources_at(str(root)), out)
+    res = run(Options(sources=sources_at(str(root)), out=out, progress=False, print_table=False,
+                      engine="plain"))
     job_s = time.perf_counter() - t
-    return {"job_s": job_s, "driver_peak_rss": vm_hwm(), "rows": {k: _jsonable(v) for k, v in rows.items()}}
+    return {"job_s": job_s, "driver_peak_rss": vm_hwm(), "rows": _outputs(res, out)}
 
 
 # ----------------------------------------------------------------------------- the run
@@ -226,13 +223,17 @@ def one_size(n: int, archives: Path, work: Path) -> dict[str, Any]:
     spark = run_side("spark", root, work / f"spark-{n}")
     plain = run_side("plain", root, work / f"plain-{n}")
     compare(spark.pop("rows"), plain.pop("rows"))
-    total_s = spark["start_s"] + spark["job_s"]
+    total_s = spark["total_s"]
     mib = lambda v: round(v / MIB) if v else None  # noqa: E731
+    from ftpbc.analytics.job import Options, choose_engine
+
+    inputs = [Input("dir", str(p), p.parent.name, p.name) for p in sorted(root.glob("ex/*/*"))
+              if p.name in ARCHIVE_FOLDERS and any(p.iterdir())]
     return {
         "messages": n, "files": files, "generate_s": round(gen_s, 1) if gen_s is not None else "reused",
-        "spark_start_s": round(spark["start_s"], 2), "spark_job_s": round(spark["job_s"], 2),
-        "spark_total_s": round(total_s, 2), "plain_python_s": round(plain["job_s"], 2),
-        "spark_job_over_plain": round(spark["job_s"] / plain["job_s"], 2),
+        "auto_picks": choose_engine(Options(sources=[], out=work), inputs)[0],
+        "spark_total_s": round(total_s, 2), "spark_phases": spark["phases"],
+        "plain_s": round(plain["job_s"], 2),
         "spark_total_over_plain": round(total_s / plain["job_s"], 2),
         "spark_driver_peak_rss_mib": mib(spark["driver_peak_rss"]),
         "spark_jvm_peak_rss_mib": mib(spark["jvm_peak_rss"]),
@@ -244,7 +245,7 @@ def one_size(n: int, archives: Path, work: Path) -> dict[str, Any]:
 
 
 def crossover(rows: list[dict[str, Any]], key: str) -> str:
-    """The first measured size from which Spark stays faster, or why there is none."""
+    """The first measured size from which Spark (start included) stays faster, or why there is none."""
     wins = [r["spark_" + key + "_over_plain"] < 1 for r in rows]
     for i, r in enumerate(rows):
         if all(wins[i:]):
@@ -284,11 +285,11 @@ def main() -> None:
               "machine": {"cpus": os.cpu_count(), "memory_gib": round(mem / 2**30, 1),
                           "python": platform.python_version(), "java": _java_version()},
               "seconds": round(time.perf_counter() - began, 1),
-              "crossover_job": crossover(rows, "job"), "crossover_total": crossover(rows, "total"),
+              "crossover": crossover(rows, "total"),
               "runs": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(report["crossover_job"] + " (job); " + report["crossover_total"] + " (with session start)")
+    print(report["crossover"] + " (Spark's start included)")
     print(f"wrote {args.out}")
 
 

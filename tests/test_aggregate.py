@@ -115,7 +115,8 @@ def archive(pyftpdlib_server: ServerHandle) -> tuple[list[ArchiveSource], list[s
 @pytest.fixture(scope="module")
 def result(archive: Any, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Result, Path]:
     out = tmp_path_factory.mktemp("agg-out")
-    return run(Options(sources=archive[0], out=out, progress=False, print_table=False), spark=spark), out
+    return run(Options(sources=archive[0], out=out, progress=False, print_table=False, engine="spark"),
+               spark=spark), out
 
 
 def test_every_figure_matches_an_independent_count(archive: Any, result: Any) -> None:
@@ -170,6 +171,23 @@ def test_outputs_are_written_and_carry_no_secret(result: Any, pyftpdlib_server: 
     for f in out.rglob("*"):
         if f.is_file():
             assert secret not in f.read_bytes(), f
+
+
+def test_plain_engine_reads_the_mirror_as_spark_does(archive: Any, result: Any, tmp_path: Path) -> None:
+    """The plain engine on the same FTP area (its listing mirror, records de-duplicated) gives
+    every figure, node figure and unanswered request the Spark run gave."""
+    import pyarrow.parquet as pq
+
+    from tests.test_aggregate_names import assert_same_outputs
+
+    res, out = result
+    plain_out = tmp_path / "out"
+    alike = run(Options(sources=archive[0], out=plain_out, progress=False, print_table=False,
+                        engine="plain", mirror=out / "mirror"))
+    assert alike.engine == "plain" and alike.mirrored_new == 0  # the Spark run's mirror, as it was
+    assert alike.figures == res.figures and alike.nodes == res.nodes
+    assert pq.read_table(plain_out / "unanswered").num_rows == alike.unanswered
+    assert_same_outputs(out, plain_out)
 
 
 def test_mirror_fetches_only_what_is_new(pyftpdlib_server: ServerHandle, tmp_path: Path) -> None:

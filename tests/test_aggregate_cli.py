@@ -1,11 +1,12 @@
 """``ftpbc aggregate -c ftpbc.yaml`` as a user runs it, against pyftpdlib, and its bad input.
 
-The end-to-end case goes through the command line (``ftpbc.cli.main``, in this process so that it
-reuses the session's SparkSession instead of starting a JVM of its own: ``SparkSession.builder
-.getOrCreate()`` returns the running one), a YAML configuration with the password in an
-environment variable, the FTP listing mirror and every output file.  The figures it prints and
+The end-to-end case goes through the command line (``ftpbc.cli.main``, in this process), a YAML
+configuration with the password in an environment variable, the FTP listing mirror and every
+output file.  Its few hundred messages are below ``--engine auto``'s threshold, so it runs the
+plain engine, as a user's run of that size does, and no Spark starts.  The figures it prints and
 writes are checked against counts computed from the plan of what was archived
-(``test_aggregate.expected``), not against Spark.
+(``test_aggregate.expected``), not against either engine.  Only one server (pyftpdlib): what is
+tested sits above the transport, which the mirror reaches through its own tested interface.
 
 The bad-input cases fail before Spark starts: one line on stderr naming what to fix, exit 2.
 """
@@ -16,7 +17,6 @@ import csv
 import logging
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,9 +27,6 @@ from ftpbc.transport.local import LocalTransport
 from tests import synthetic, test_aggregate
 from tests.servers.handle import ServerHandle
 from tests.test_bad_input import main_in_process, one_line
-
-#: the one session-scoped SparkSession (Spark takes 5-20 s to start)
-spark = test_aggregate.spark
 
 MESSAGES = 600
 CONFIG = """\
@@ -83,9 +80,8 @@ def _table(stdout: str) -> dict[tuple[str, datetime], list[str]]:
     return rows
 
 
-@pytest.mark.slow
 def test_aggregate_command_prints_and_writes_the_figures(
-        config_file: Path, pyftpdlib_server: ServerHandle, tmp_path: Path, spark: Any) -> None:
+        config_file: Path, pyftpdlib_server: ServerHandle, tmp_path: Path) -> None:
     sources = sources_from_config(load_config(config_file))
     messages = synthetic.plan(sources, MESSAGES // 3, test_aggregate.START, test_aggregate.SPAN, seed=11)
     root = str(pyftpdlib_server.root)
@@ -135,9 +131,11 @@ def test_aggregate_command_prints_and_writes_the_figures(
     phases = [line.split("] ", 1)[1] for line in result.stderr.splitlines()
               if line.startswith("aggregate [")]
     assert [p.split(":")[0].split(" ")[0] for p in phases] == \
-        ["listing", "spark", "parsing", "figures", "outputs"], phases
+        ["listing", "engine", "figures", "outputs"], phases
     assert phases[0].endswith("of 3 endpoints")
-    assert phases[3].endswith(f"{len(want)} endpoint-bucket rows, {len(nodes)} node rows, "
+    # The mirror's files, counted before choosing: about two per message.
+    assert phases[1].startswith("engine: plain (") and "files listed, at most 400000)" in phases[1], phases
+    assert phases[2].endswith(f"{len(want)} endpoint-bucket rows, {len(nodes)} node rows, "
                               f"{len(messages)} requests")
     secret = (pyftpdlib_server.password or "").encode()
     assert secret and secret not in result.stdout.encode()
@@ -215,3 +213,52 @@ def test_spark_log_follows_ftpbcs_common_log_options(ftpbc_level: int, spark_lev
         assert spark_log_level() == spark_level
     finally:
         root.setLevel(before)
+
+
+def test_master_cannot_go_with_the_plain_engine(config_file: Path, tmp_path: Path) -> None:
+    for extra in (["--master", "spark://127.0.0.1:7077"], ["--provenance"]):
+        result = main_in_process("aggregate", "-c", str(config_file), "--engine", "plain", *extra,
+                                 "--out", str(tmp_path / "out"))
+        assert result.returncode == 2, extra
+        assert extra[0] in one_line(result) and "--engine plain" in one_line(result)
+        assert not (tmp_path / "out").exists()
+
+
+def test_auto_engine_counts_the_listed_files_against_its_threshold(tmp_path: Path) -> None:
+    """The choice ``auto`` makes, without running either engine: by the files the inputs hold
+    (a folder's entries, a mirror part's lines, a compacted part's rows), stopping past the limit."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ftpbc.analytics.job import Options, choose_engine, count_files
+    from ftpbc.analytics.listing import Input
+    from ftpbc.errors import ConfigError
+
+    folder = tmp_path / "inarchive"
+    folder.mkdir()
+    for i in range(30):
+        (folder / f"req.{i}").write_bytes(b"")
+    part = tmp_path / "part-1.jsonl"
+    part.write_text("{}\n" * 12)
+    compacted = tmp_path / "part-2.parquet"
+    pq.write_table(pa.table({"name": ["a", "b", "c"]}), compacted)
+    inputs = [Input("dir", str(folder), "q", "inarchive"), Input("mirror", str(part), "q"),
+              Input("compacted", str(compacted), "q")]
+    assert count_files(inputs, 1000) == 45
+    assert 10 < count_files(inputs, 10) <= 30  # stops in the first folder
+    opts = Options(sources=[], out=tmp_path / "out")
+    assert choose_engine(opts, inputs) == ("plain", "45 files listed, at most 400000")
+    opts.plain_max_files = 44
+    assert choose_engine(opts, inputs) == ("spark", "over 44 files listed")
+    opts.plain_max_files = 45
+    assert choose_engine(opts, inputs)[0] == "plain"
+    assert choose_engine(Options(sources=[], out=tmp_path, master="spark://h:7077"), inputs)[0] == "spark"
+    assert choose_engine(Options(sources=[], out=tmp_path, provenance=True), inputs)[0] == "spark"
+    assert choose_engine(Options(sources=[], out=tmp_path, engine="spark"), inputs) == ("spark", "as asked")
+    assert choose_engine(Options(sources=[], out=tmp_path, engine="plain", plain_max_files=1),
+                         inputs) == ("plain", "as asked")
+    with pytest.raises(ConfigError, match="--engine 'fast'"):
+        choose_engine(Options(sources=[], out=tmp_path, engine="fast"), inputs)
+    with pytest.raises(ConfigError, match="--provenance"):
+        choose_engine(Options(sources=[], out=tmp_path, engine="plain", provenance=True), inputs)
+

@@ -9,14 +9,15 @@ Modules, one job each:
 ``sqlnames``  the same parser as Spark SQL columns: names parsed in the JVM
 ``listing``   local archive folders listed by the driver into Parquet for Spark
 ``mirror``    incremental local mirror of remote archive listings (FTP, FTPS, SFTP)
+``plain``     the same computations in this process: the engine for small archives
 ``figures``   the Spark computations
 ``chart``     the PNG chart
 ``compact``   archive compaction into a Parquet dataset, journaled removals
 ``progress``  the one progress display over a run's phases (phase lines, a live line on a terminal)
 ``job``       the whole run; ``main()`` for ``spark-submit``
 
-The same figures in plain Python, the reference the job is checked against, and synthetic
-archives are test code (``tests/plain_figures.py``, ``tests/synthetic.py``), not shipped.
+``plain`` is also the reference the Spark computations are checked against; synthetic archives
+are test code (``tests/synthetic.py``), not shipped.
 
 Nothing here imports pyspark at module level except ``figures`` and ``sqlnames``, which are
 only imported when the ``aggregate`` command runs.

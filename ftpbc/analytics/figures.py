@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,16 +31,10 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ftpbc.analytics.listing import Input
+from ftpbc.analytics.plain import Window
 from ftpbc.analytics.records import PARSED_FIELDS, RAW_FIELDS, REQUEST_SIDE, UNCOLLECTED, ddl
 
 PERCENTILES = (0.5, 0.95, 0.99)
-
-
-@dataclass(frozen=True)
-class Window:
-    bucket_us: int = 3_600_000_000
-    since_us: int | None = None
-    until_us: int | None = None
 
 
 #: levels ``--log-level`` accepts for Spark's own log (log4j2 names, lower case)
@@ -179,12 +172,6 @@ def read_inputs(spark: SparkSession, inputs: Sequence[Input], namings: Mapping[s
     out = staging / "parsed"
     parsed.write.mode("overwrite").parquet(str(out))
     return spark.read.schema(ddl(PARSED_FIELDS)).parquet(str(out))
-
-
-def compacted_inputs(path: Path, endpoints: Sequence[str]) -> list[Input]:
-    """The compacted dataset's parts of these endpoints (``<path>/endpoint=<e>/day=<d>/part-*``)."""
-    return [Input("compacted", str(p), endpoint=e)
-            for e in endpoints for p in sorted((path / f"endpoint={e}").glob("day=*/part-*.parquet"))]
 
 
 def _pct(col: Column) -> Column:
@@ -346,7 +333,8 @@ def by_node(p: DataFrame) -> DataFrame:
 
 
 def unanswered(p: DataFrame, rel: DataFrame) -> DataFrame:
-    """The requests (partner files) that never got a reply, in one partition, by endpoint and time.
+    """The requests (partner files) that never got a reply, in one partition, by endpoint, time,
+    name and uuid (a total order: the plain engine writes the same file).
 
     Their archived names are joined back from ``rel`` (:func:`relevant`) for these few requests
     only.  One sorted partition rather than ``orderBy``: a global sort costs a sampling job of its
@@ -360,7 +348,7 @@ def unanswered(p: DataFrame, rel: DataFrame) -> DataFrame:
     return (un.join(names, ["endpoint", "uuid"], "left")
             .select("endpoint", "bucket", "name", "uuid", F.timestamp_micros("t0_us").alias("submitted"),
                     "node", "failed")
-            .coalesce(1).sortWithinPartitions("endpoint", "submitted"))
+            .coalesce(1).sortWithinPartitions("endpoint", "submitted", "name", "uuid"))
 
 
 #: what happened to a request, as the provenance table says it

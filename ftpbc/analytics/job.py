@@ -10,24 +10,33 @@ Runnable as ``ftpbc aggregate ...`` or ``spark-submit ftpbc/analytics/job.py ...
     chart.png                       requests and latency percentiles over time
     mirror/                         the incremental listing mirror of FTP/SFTP areas (a cache)
 
-Routes: a ``file://`` area is listed by the driver into Parquet (``listing``); FTP, FTPS and SFTP
-areas are listed by ftpbc's transport into the mirror, whose parts Spark reads.  Names are parsed
-in the JVM (``sqlnames``).  Either way no server credential reaches Spark: it only ever sees local
-paths and names.
+Engines (:func:`choose_engine`): ``plain`` computes in this process (``plain``: no Spark, no
+Java), ``spark`` with Spark; ``auto`` takes the plain engine up to :data:`PLAIN_MAX_FILES` listed
+files, where a Spark start alone would cost more than the whole computation.  Every output is the
+same whichever engine wrote it (the provenance table is Spark's only).
+
+Routes: a ``file://`` area is listed by the driver (into Parquet for Spark, ``listing``); FTP,
+FTPS and SFTP areas are listed by ftpbc's transport into the mirror, whose parts either engine
+reads.  With Spark, names are parsed in the JVM (``sqlnames``), and the session starts while the
+driver lists.  Either way no server credential reaches Spark: it only ever sees local paths and
+names.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import uuid as uuidlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ftpbc.analytics.listing import Input
+from ftpbc.analytics.plain import Window
 from ftpbc.analytics.progress import Display, Phase, bar_wanted
 from ftpbc.analytics.sources import ARCHIVE_FOLDERS, TRAIL_FOLDERS, ArchiveSource
 from ftpbc.errors import ConfigError
@@ -65,6 +74,10 @@ class Options:
     since: str | None = None
     until: str | None = None
     master: str = "local[*]"
+    #: "plain" (in this process, no Spark), "spark", or "auto": plain up to ``plain_max_files``
+    #: listed files, Spark above (:func:`choose_engine`)
+    engine: str = "auto"
+    plain_max_files: int = 0  # 0: PLAIN_MAX_FILES
     #: "auto": Spark lists file:// areas itself, the mirror serves the others; "mirror": all mirrored
     route: str = "auto"
     mirror: Path | None = None
@@ -78,7 +91,8 @@ class Options:
     #: told each phase as it ends (listing, Spark start, parsing, figures, outputs, provenance),
     #: with its counts and the seconds since the start (ftpbc.analytics.progress)
     report: Callable[[Phase], None] | None = None
-    #: also write the provenance table (figures.provenance), reading expired and dead letters too
+    #: also write the provenance table (figures.provenance), reading expired and dead letters too;
+    #: Spark computes it, so ``auto`` picks Spark
     provenance: bool = False
 
 
@@ -96,10 +110,78 @@ class Result:
     mirrored_new: int
     #: the provenance table's directory (Parquet), when asked for
     provenance: Path | None = None
+    #: the engine that computed the figures: "plain" or "spark"
+    engine: str = "spark"
+
+
+ENGINES = ("auto", "plain", "spark")
+#: ``auto`` computes in this process (the plain engine) up to this many listed archive files
+#: (about 2 per message), and with Spark above: the measured crossover, docs/aggregate.md "Engines"
+PLAIN_MAX_FILES = 400_000
+
+
+def count_files(inputs: Sequence[Input], limit: int) -> int:
+    """How many records ``inputs`` hold, counted up to a little past ``limit`` (then it stops).
+
+    Cheap: a folder's entries are counted without a ``stat`` (so a directory in it counts too),
+    a mirror part's lines by its bytes, a compacted part from its Parquet footer.
+    """
+    total = 0
+    for inp in inputs:
+        if total > limit:
+            break
+        if inp.kind == "dir":
+            with os.scandir(inp.path) as it:
+                for _ in it:
+                    total += 1
+                    if total > limit:
+                        break
+        elif inp.kind == "mirror":
+            with open(inp.path, "rb") as fh:
+                while total <= limit and (block := fh.read(1 << 20)):
+                    total += block.count(b"\n")
+        else:
+            import pyarrow.parquet as pq
+
+            total += pq.ParquetFile(inp.path).metadata.num_rows
+    return total
+
+
+def choose_engine(opts: Options, inputs: Sequence[Input], spark: Any = None) -> tuple[str, str]:
+    """The engine for this run and why, as told on stderr.
+
+    ``auto`` takes Spark when a session was handed in, the master is not local or the provenance
+    table is asked for, else counts the listed files: the plain engine up to ``plain_max_files``,
+    Spark above.
+    """
+    if opts.engine not in ENGINES:
+        raise ConfigError(f"--engine {opts.engine!r}: expected one of {', '.join(ENGINES)}")
+    if opts.engine == "plain" and opts.provenance:
+        raise ConfigError("--provenance is written by Spark: it cannot go with --engine plain")
+    if opts.engine != "auto":
+        return opts.engine, "as asked"
+    if spark is not None:
+        return "spark", "a Spark session is running"
+    if opts.provenance:
+        return "spark", "provenance is computed by Spark"
+    if not opts.master.startswith("local"):
+        return "spark", f"master {opts.master}"
+    limit = opts.plain_max_files or PLAIN_MAX_FILES
+    n = count_files(inputs, limit)
+    if n <= limit:
+        return "plain", f"{n} files listed, at most {limit}"
+    return "spark", f"over {limit} files listed"
+
+
+def compacted_inputs(path: Path, endpoints: Sequence[str]) -> list[Input]:
+    """The compacted dataset's parts of these endpoints (``<path>/endpoint=<e>/day=<d>/part-*``)."""
+    return [Input("compacted", str(p), endpoint=e)
+            for e in endpoints for p in sorted((path / f"endpoint={e}").glob("day=*/part-*.parquet"))]
 
 
 def run(opts: Options, spark: Any = None) -> Result:
-    """The whole aggregation; ``spark`` reuses a session (tests), else one is built from ``--master``.
+    """The whole aggregation; ``spark`` reuses a session (tests), else one is built from ``--master``
+    when the Spark engine runs (:func:`choose_engine`).
 
     Its phases (:data:`ftpbc.analytics.progress.PHASES`) are told to ``opts.report`` as they
     end, each with its counts; ``opts.progress`` adds a live line on a terminal.
@@ -127,12 +209,9 @@ def spark_status(spark: Any) -> Callable[[], str]:
 
 
 def _run(opts: Options, spark: Any, display: Display) -> Result:
-    from ftpbc.analytics import figures as fg
-    from ftpbc.analytics.chart import draw
-    from ftpbc.analytics.listing import Input, stage_dirs
     from ftpbc.analytics.mirror import part_files, update_mirror
 
-    window = fg.Window(parse_bucket(opts.bucket),
+    window = Window(parse_bucket(opts.bucket),
                        parse_time(opts.since, "--since") if opts.since else None,
                        parse_time(opts.until, "--until") if opts.until else None)
     # One source per endpoint: "--endpoint q --endpoint q" must not count q twice.
@@ -158,30 +237,109 @@ def _run(opts: Options, spark: Any, display: Display) -> Result:
                 inputs.append(Input("dir", str(local), endpoint=s.endpoint, folder=folder))
     inputs += [Input("mirror", p, endpoint=s.endpoint)
                for s in mirrored for p in part_files(mirror_root, [s], folders)]
-    compacted = fg.compacted_inputs(opts.compacted or opts.out / "compacted", [s.endpoint for s in sources])
+    compacted = compacted_inputs(opts.compacted or opts.out / "compacted", [s.endpoint for s in sources])
     if not inputs and not compacted:
         raise ConfigError("no archive folder found for endpoints " + ", ".join(s.endpoint for s in sources))
     # Only the mirror (a crash between a part and its names) and a file both compacted and
     # still on the server can yield a record twice; a single listing of a folder cannot.
     dedupe = bool(compacted) or any(i.kind == "mirror" for i in inputs)
+    engine, why = choose_engine(opts, [*inputs, *compacted], spark)
+    found = (f"{sum(i.kind == 'dir' for i in inputs)} archive folders, "
+             f"{sum(i.kind == 'mirror' for i in inputs)} mirror parts ({stats_new} new), "
+             f"{len(compacted)} compacted parts of {len(sources)} endpoints")
+    if engine == "plain":
+        res = _run_plain(opts, [*inputs, *compacted], namings, window, dedupe, display, found, why)
+    else:
+        res = _run_spark(opts, spark, display, inputs, compacted, namings, window, dedupe, found, why,
+                         stats_listed)
+    res.mirrored_new = stats_new
+    if opts.print_table:
+        print(format_table(res.figures))
+    return res
+
+
+def _outputs_written(opts: Options, display: Display, rows: Sequence[dict[str, Any]], window: Window,
+                     n_un: int) -> Path:
+    """The chart, then the ``outputs`` phase's line; the chart's path."""
+    from ftpbc.analytics.chart import draw
+
+    chart = draw(rows, opts.out / "chart.png", bucket_label=opts.bucket, bucket_us=window.bucket_us)
+    written = [p for p in OUTPUTS if (opts.out / p).exists()]
+    display.end("outputs", f"{len(written)} outputs written under {opts.out} ({', '.join(written)}), "
+                f"{n_un} unanswered requests listed", outputs=len(written), unanswered=n_un)
+    return chart
+
+
+def _run_plain(opts: Options, inputs: Sequence[Input], namings: Mapping[str, Mapping[str, str]],
+               window: Window, dedupe: bool, display: Display, found: str, why: str) -> Result:
+    """The plain engine's phases: the listing found the inputs; reading, parsing and folding
+    them are one pass, told as the figures phase."""
+    from ftpbc.analytics import plain
+
+    display.end("listing", found, folders=sum(i.kind == "dir" for i in inputs),
+                mirror_parts=sum(i.kind == "mirror" for i in inputs),
+                compacted_parts=sum(i.kind == "compacted" for i in inputs), endpoints=len(namings))
+    display.end("engine", f"plain ({why})", plain_max_files=opts.plain_max_files or PLAIN_MAX_FILES)
+    display.begin("figures")
+    res = plain.compute(inputs, namings, bucket_us=window.bucket_us, since_us=window.since_us,
+                        until_us=window.until_us, dedupe=dedupe)
+    rows, nodes = res.figures, res.nodes
+    n_requests = sum(r["requests"] for r in rows)
+    display.end("figures", f"{res.records} requests and replies read, {len(rows)} endpoint-bucket rows, "
+                f"{len(nodes)} node rows, {n_requests} requests", records=res.records, rows=len(rows),
+                node_rows=len(nodes), requests=n_requests)
+    display.begin("outputs")
+    opts.out.mkdir(parents=True, exist_ok=True)
+    _write_small(rows, opts.out / "figures")
+    _write_small(nodes, opts.out / "nodes")
+    plain.write_unanswered(res.unanswered, opts.out / "unanswered", opts.out / "unanswered_csv")
+    n_un = sum(r["unanswered"] for r in rows)
+    chart = _outputs_written(opts, display, rows, window, n_un)
+    return Result(rows, nodes, n_un, chart, 0, engine="plain")
+
+
+def _session(opts: Options) -> Any:
+    from ftpbc.analytics import figures as fg
+
+    return fg.session(opts.master, extra=opts.spark_conf, log_level=opts.log_level)
+
+
+def _run_spark(opts: Options, spark: Any, display: Display, inputs: Sequence[Input],
+               compacted: Sequence[Input], namings: Mapping[str, Mapping[str, str]], window: Window,
+               dedupe: bool, found: str, why: str, stats_listed: int) -> Result:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ftpbc.analytics.listing import stage_dirs
+
+    if spark is None:
+        from ftpbc.analytics.requirements import require_java, require_modules
+
+        require_modules()
+        require_java()
     staging = opts.out / ".listing" / uuidlib.uuid4().hex[:12]
     provenance_dir: Path | None = None
     try:
-        staged = stage_dirs(inputs, namings, staging,
-                            on_folder=lambda label, total: display.status(f"{label}, {total} files"))
-        n_dirs = sum(i.kind == "dir" for i in inputs)
-        n_parts = sum(i.kind == "mirror" for i in inputs)
-        listed = sum(staged.values()) + stats_listed
-        display.end("listing", f"{listed} files listed: {n_dirs} archive folders, {n_parts} mirror parts "
-                    f"({stats_new} new), {len(compacted)} compacted parts of {len(sources)} endpoints",
-                    files=listed, folders=n_dirs, mirror_parts=n_parts, mirrored_new=stats_new,
-                    compacted_parts=len(compacted), endpoints=len(sources))
-        if spark is None:
-            display.begin("spark")
-            spark = fg.session(opts.master, extra=opts.spark_conf, log_level=opts.log_level)
-            how = f"started ({opts.master})"
-        else:
-            how = "running session reused"
+        with ThreadPoolExecutor(1, thread_name_prefix="spark-start") as pool:
+            # The JVM takes seconds to start, and the driver's listing as long again on a large
+            # archive: the two overlap.
+            starting = pool.submit(_session, opts) if spark is None else None
+            staged = stage_dirs(inputs, namings, staging,
+                                on_folder=lambda label, total: display.status(f"{label}, {total} files"))
+            n_dirs = sum(i.kind == "dir" for i in inputs)
+            n_parts = sum(i.kind == "mirror" for i in inputs)
+            listed = sum(staged.values()) + stats_listed
+            display.end("listing", f"{listed} files listed: {found}",
+                        files=listed, folders=n_dirs, mirror_parts=n_parts, compacted_parts=len(compacted),
+                        endpoints=len(namings))
+            display.end("engine", f"spark ({why})", plain_max_files=opts.plain_max_files or PLAIN_MAX_FILES)
+            if starting is not None:
+                display.begin("spark")
+                spark = starting.result()
+                how = f"started ({opts.master}) while listing"
+            else:
+                how = "running session reused"
+        from ftpbc.analytics import figures as fg
+
         cores = int(spark.sparkContext.defaultParallelism)
         display.end("spark", f"{how}, {cores} cores", cores=cores)
         status = spark_status(spark)
@@ -213,10 +371,7 @@ def _run(opts: Options, spark: Any, display: Display) -> Result:
             n_un = sum(r["unanswered"] for r in rows)
         finally:
             pairs.unpersist()
-        chart = draw(rows, opts.out / "chart.png", bucket_label=opts.bucket, bucket_us=window.bucket_us)
-        written = [p for p in OUTPUTS if (opts.out / p).exists()]
-        display.end("outputs", f"{len(written)} outputs written under {opts.out} ({', '.join(written)}), "
-                    f"{n_un} unanswered requests listed", outputs=len(written), unanswered=n_un)
+        chart = _outputs_written(opts, display, rows, window, n_un)
         if opts.provenance:
             display.begin("provenance", status)
             provenance_dir = opts.out / "provenance"
@@ -228,9 +383,7 @@ def _run(opts: Options, spark: Any, display: Display) -> Result:
         shutil.rmtree(staging, ignore_errors=True)
         with contextlib.suppress(OSError):  # another run's staging may still be there: leave it
             staging.parent.rmdir()
-    if opts.print_table:
-        print(format_table(rows))
-    return Result(rows, nodes, n_un, chart, stats_new, provenance_dir)
+    return Result(rows, nodes, n_un, chart, 0, provenance=provenance_dir, engine="spark")
 
 
 def _write_small(rows: Sequence[dict[str, Any]], stem: Path) -> None:

@@ -1,7 +1,7 @@
 """One progress display over every phase of an aggregation, and when to draw bars.
 
-A run goes through phases (:data:`PHASES`: the listing, the Spark start, the parsing, the
-figures, the outputs, and the provenance table when asked for); each ends with a
+A run goes through phases (:data:`PHASES`: the listing, the engine chosen, the Spark start, the
+parsing, the figures, the outputs, and the provenance table when asked for); each ends with a
 :class:`Phase`: its name, the seconds since the run started, and its counts.  The
 :class:`Display` hands every finished phase to a ``report`` callable (the command writes it on
 stderr: a text line, or a JSON object under ``--log-format json``), and, given a terminal,
@@ -28,8 +28,9 @@ from typing import TextIO
 
 log = logging.getLogger(__name__)
 
-#: the phases of a run, in order (``provenance`` only with ``--provenance``)
-PHASES = ("listing", "spark", "parsing", "figures", "outputs", "provenance")
+#: the phases of a run, in order (``provenance`` only with ``--provenance``; the plain engine
+#: has no ``spark`` nor ``parsing``: it reads and parses as it folds, in ``figures``)
+PHASES = ("listing", "engine", "spark", "parsing", "figures", "outputs", "provenance")
 #: erase the terminal line the cursor is on, from its start
 _ERASE = "\r\x1b[K"
 

@@ -16,6 +16,8 @@ from ftpbc.errors import MissingDependency
 
 #: the modules of the ``spark`` extra the job imports (pyproject.toml [project.optional-dependencies])
 SPARK_MODULES = ("pyspark", "pyarrow", "matplotlib")
+#: what the plain engine needs of them (Parquet and CSV outputs, the chart): no Spark, no Java
+PLAIN_MODULES = ("pyarrow", "matplotlib")
 #: the Java release that both Spark 3.5 and Spark 4 run on
 JAVA = "Java 17"
 

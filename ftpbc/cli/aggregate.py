@@ -24,7 +24,11 @@ from ftpbc.errors import ConfigError
               help="Count per time bucket of this length: 30s, 15m, 1h, 1d.")
 @click.option("--out", default="aggregate-out", show_default=True, type=click.Path(file_okay=False),
               help="Write figures, chart, listing mirror and compacted dataset into this directory.")
-@click.option("--master", default="local[*]", show_default=True, help="Run on this Spark master URL.")
+@click.option("--engine", type=click.Choice(["auto", "plain", "spark"]), default="auto", show_default=True,
+              help="Compute in this process (plain), with Spark (spark), or by size (auto: plain up to "
+                   "400,000 listed files, Spark above; --master or --provenance means Spark).")
+@click.option("--master", default=None, help="Run on this Spark master URL (default local[*]); implies "
+                                             "--engine spark.")
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE",
               help="Pass a Spark setting, as spark-submit --conf (repeatable), e.g. "
                    "spark.executor.memory=2g or spark.pyspark.python=/opt/py311/bin/python3.")
@@ -40,14 +44,15 @@ from ftpbc.errors import ConfigError
               help="Draw no live progress line or bars (none are drawn off a terminal, nor under "
                    "--log-format json); each phase's line is written all the same.")
 def aggregate(config_path: str, endpoints: tuple[str, ...], since: str | None, until: str | None,
-              bucket: str, out: str, master: str, confs: tuple[str, ...], route: str, compact: bool,
-              provenance: bool, no_progress: bool) -> None:
+              bucket: str, out: str, engine: str, master: str | None, confs: tuple[str, ...], route: str,
+              compact: bool, provenance: bool, no_progress: bool) -> None:
     """Count requests, responses, errors, unanswered requests and latency per endpoint and time bucket.
 
-    Reads the archive directories with Spark (the ``spark`` extra and Java 17); see docs/aggregate.md.
+    Small archives are computed in this process; large ones, or any run given --master or
+    --provenance, with Spark (the ``spark`` extra and Java 17).  See docs/aggregate.md.
     """
     from ftpbc.analytics.job import Options, parse_bucket, parse_time, run
-    from ftpbc.analytics.requirements import require_java, require_modules
+    from ftpbc.analytics.requirements import PLAIN_MODULES, require_java, require_modules
     from ftpbc.analytics.sources import sources_from_config
     from ftpbc.config.loader import load_config
 
@@ -63,8 +68,19 @@ def aggregate(config_path: str, endpoints: tuple[str, ...], since: str | None, u
         if not sep or not key.strip():
             raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--conf")
         spark_conf[key.strip()] = value
-    require_modules()
-    require_java()
+    if master is not None:
+        if engine == "plain":
+            raise ConfigError(f"--master {master!r} runs Spark: it cannot go with --engine plain")
+        engine = "spark"
+    if provenance:  # the provenance table is computed by Spark only
+        if engine == "plain":
+            raise ConfigError("--provenance is written by Spark: it cannot go with --engine plain")
+        engine = "spark"
+    if engine == "spark":
+        require_modules()
+        require_java()
+    else:  # Spark's own needs are checked if and when auto picks it
+        require_modules(PLAIN_MODULES)
     config = load_config(config_path)
     sources = sources_from_config(config, endpoints)
     out_dir = Path(out)
@@ -77,7 +93,8 @@ def aggregate(config_path: str, endpoints: tuple[str, ...], since: str | None, u
                    + (f", finished {stats.recovered} interrupted" if stats.recovered else ""))
     fmt = logs.current_format()
     result = run(Options(sources=sources, out=out_dir, bucket=bucket, since=since, until=until,
-                         master=master, route=route, progress=not no_progress and fmt == "text",
+                         master=master or "local[*]", engine=engine, route=route,
+                         progress=not no_progress and fmt == "text",
                          spark_conf=spark_conf,
                          log_level=spark_log_level(), provenance=provenance,
                          report=lambda phase: click.echo(phase_line(phase, fmt), err=True)))
