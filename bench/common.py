@@ -332,12 +332,19 @@ class Nodes:
         return int(self.link.counter.value)
 
 
+#: what ftpbc's nodes report of their polls besides (ProviderStats): listings of the box, polls
+#: that found the poll lock held, seconds holding it and, of those, listing
+LOCK_COUNTERS = ("listings", "lock_busy", "lock_held_s", "listing_s")
+
+
 def consume_figures(count: int, elapsed: float, stats: list[dict[str, Any]]) -> dict[str, Any]:
     """The consume case's figures, the same on both sides: ``count`` messages in ``elapsed``
     seconds by nodes that reported ``stats``."""
     return {"rate": count / elapsed, "consumed": count, "lost_races": sum(s["lost_races"] for s in stats),
             "polls": sum(s["polls"] for s in stats), "node_rss_mib": max(s["rss_mib"] for s in stats),
-            "node_cpu_ms_per_msg": per_message_ms(stats, sum(s["handled"] for s in stats))}
+            "node_cpu_ms_per_msg": per_message_ms(stats, sum(s["handled"] for s in stats)),
+            # the nodes' poll-lock counters (ftpbc only; ProviderStats)
+            **{k: round(sum(s[k] for s in stats), 3) for k in LOCK_COUNTERS if all(k in s for s in stats)}}
 
 
 def receive_large(nodes: Nodes, select_empty: Callable[[], None]) -> tuple[float, list[dict[str, Any]]]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    LOCK_COUNTERS,
     TOPIC,
     NodeLink,
     Nodes,
@@ -80,6 +81,8 @@ def _node_main(spec: dict[str, Any], endpoints: dict[str, Any], mode: str, topic
     node.stop(drain_timeout=5)
     link.report(cpu_at_go, {"lost_races": sum(p.stats.lost_races for p in node.providers.values()),
                             "polls": sum(p.stats.polls for p in node.providers.values()),
+                            **{k: round(sum(getattr(p.stats, k) for p in node.providers.values()), 3)
+                               for k in LOCK_COUNTERS},
                             "copies": sum(getattr(p, "copies", 0) for p in node.providers.values())})
 
 

@@ -25,8 +25,9 @@ def main() -> None:
     spec = json.load(sys.stdin)
     # "state_dir", "uniform" and "listing" are ftpbc itself as the peer (coordination: server
     # against state_dir, mixed priorities against one, a browse against a bare listing): the
-    # same functions, only the parameters differ; "small" is ftpbc with a small backlog.
-    if spec["side"] in ("ftpbc", "state_dir", "uniform", "listing", "small"):
+    # same functions, only the parameters differ; "small" is ftpbc with a small backlog,
+    # "lock_none" ftpbc's nodes without the cross-process poll lock.
+    if spec["side"] in ("ftpbc", "state_dir", "uniform", "listing", "small", "lock_none"):
         import ftpbc_sides as module
     elif spec["side"] == "kombu":
         from floor import kombu_fs as module  # type: ignore[no-redef]

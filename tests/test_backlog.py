@@ -64,7 +64,7 @@ class Seen:
         with self.lock:
             self.items.append((message.name, message.headers.priority, passes))
             if provider is not None:
-                self.largest_backlog = max(self.largest_backlog, len(provider._backlog))
+                self.largest_backlog = max(self.largest_backlog, provider.remembered)
         if self.pace:
             self.released.wait(self.pace)  # the scenario's pace (a handler doing work), not a wait for state
         return b""

@@ -100,6 +100,8 @@ def test_metrics_count_what_was_served(node_with_metrics: tuple[Node, MetricsSer
     assert _value(samples, "ftpbc_message_latency_seconds_count", **ep) == 14
     assert _value(samples, "ftpbc_message_latency_seconds_bucket", **ep, le="+Inf") == 14
     assert _value(samples, "ftpbc_polls_total", **ep) > 0
+    assert 0 < _value(samples, "ftpbc_listings_total", **ep) <= _value(samples, "ftpbc_polls_total", **ep)
+    assert _value(samples, "ftpbc_poll_lock_busy_total", **ep) == 0  # one node: nobody else holds it
     assert _value(samples, "ftpbc_claims_lost_total", **ep) == 0
     assert _value(samples, "ftpbc_claim_races_lost_total", **ep) == 0
     assert _value(samples, "ftpbc_in_flight_messages", **ep) == 0

@@ -20,6 +20,9 @@ implementations, chosen by ``node.coordination``:
 from __future__ import annotations
 
 import logging
+import threading
+import time
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
@@ -117,3 +120,87 @@ class StateDirCoordination(Coordination):
     @property
     def where(self) -> str:
         return f"state_dir {self.state_dir}"
+
+
+class Peers:
+    """Which nodes serve what, as their live heartbeats say: read at most once per ``refresh``
+    seconds for every provider of this process, so that nodes sharing a box can each take a part
+    of it (:class:`Share`).
+
+    Not guaranteed: agreement.  Nodes read the heartbeats at different moments; a node that just
+    started or died is counted by some and not others for up to ``refresh`` (and a dead one until
+    its lease ends).  Parts then overlap or leave a gap, which costs lost claim races or a part
+    served later, never a message: a claim is still a rename that exactly one node wins.
+    A failed read keeps the last answer (logged once per distinct error).
+    """
+
+    def __init__(self, coordination: Coordination, refresh: float, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._coordination = coordination
+        self.node_id = coordination.node_id
+        self._refresh = refresh
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._due = float("-inf")
+        #: (endpoint or ``transfer:<name>``) -> live node ids serving it, sorted
+        self._serving: dict[str, tuple[str, ...]] = {}
+        self._failed: str | None = None
+
+    def share(self, name: str, *, transfer: bool = False) -> Share:
+        """This node's share of endpoint ``name`` (of transfer ``name``, with ``transfer``)."""
+        return Share(self, f"transfer:{name}" if transfer else name)
+
+    def serving(self, key: str) -> tuple[str, ...]:
+        """The live nodes serving ``key`` (this node always among them), sorted by id."""
+        with self._lock:
+            now = self._clock()
+            if now >= self._due:
+                self._due = now + self._refresh
+                self._read()
+            return self._serving.get(key, (self.node_id,))
+
+    def _read(self) -> None:
+        try:
+            beats = self._coordination.heartbeats()
+        except Exception as exc:  # the poller that asked goes on with the last answer
+            text = f"{type(exc).__name__}: {exc}"
+            if text != self._failed:
+                self._failed = text
+                log.warning("cannot read the heartbeats in %s (nodes keep the parts they had): %s",
+                            self._coordination.where, text)
+            return
+        self._failed = None
+        serving: dict[str, set[str]] = {}
+        for beat in beats:
+            if not beat.alive or beat.serves is None:
+                continue
+            keys = [*beat.serves.endpoints, *(f"transfer:{t}" for t in beat.serves.transfers)]
+            for key in keys:
+                serving.setdefault(key, set()).add(beat.node_id)
+        self._serving = {key: tuple(sorted(ids | {self.node_id})) for key, ids in serving.items()}
+
+
+class Share:
+    """This node's part of one box among the nodes serving it: a message is this node's when
+    the CRC-32 of its file name, modulo the number of nodes, is this node's place among their
+    sorted ids.  Every node computes the same split of the same names, so nodes that agree on
+    who serves (see :class:`Peers`) never go for the same file."""
+
+    def __init__(self, peers: Peers, key: str) -> None:
+        self._peers = peers
+        self.key = key
+        #: this node's place and the number of nodes, as of the last :meth:`refresh`
+        self.index = 0
+        self.count = 1
+
+    def refresh(self) -> int:
+        """Ask who serves the box now (cheap: cached by :class:`Peers`); the number of nodes."""
+        nodes = self._peers.serving(self.key)
+        self.index, self.count = nodes.index(self._peers.node_id), len(nodes)
+        return self.count
+
+    def mine(self, name: str) -> bool:
+        """Whether the message named ``name`` is in this node's part."""
+        if self.count <= 1:
+            return True
+        return zlib.crc32(name.encode("utf-8", "surrogateescape")) % self.count == self.index

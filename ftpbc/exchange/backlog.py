@@ -90,6 +90,8 @@ class BoxLister:
         self.large = large
         self.clock = clock
         self.is_large = False
+        #: nodes that share this box, taking turns listing it (see :meth:`stale`)
+        self.sharers = 1
         self._slices = lifecycle.layout.slices()
         self._next_slice = 0
         #: messages the slices listed since the rotation last started over, and how many slices
@@ -118,10 +120,15 @@ class BoxLister:
     def stale(self) -> bool:
         """Whether a backlog still remembered should be dropped and listed again now: a small
         box's after its relist interval, a large box's once a complete pass has its result (one
-        that is due is started here)."""
+        that is due is started here).
+
+        With :attr:`sharers` nodes taking turns listing the box, the interval a listing's cost
+        sets is as many times longer: the cluster then lists it about as often as one node
+        would, and a message that arrives meanwhile waits for the next listing of any node."""
         now = self.clock()
         if not self.is_large:
-            return now - self._listed_at >= max(self.poll_interval, RELIST_COST_FACTOR * self.listing_seconds)
+            return now - self._listed_at >= max(self.poll_interval,
+                                                RELIST_COST_FACTOR * self.listing_seconds * self.sharers)
         running = self._pass
         if running is None:
             if now >= self._pass_due and not self._closed.is_set():

@@ -149,8 +149,12 @@ class NodeCollector(Collector):
             "lost_races": CounterMetricFamily("ftpbc_claim_races_lost",
                                               "Claims another node won first (normal with competing nodes).",
                                               labels=labels),
-            "polls": CounterMetricFamily("ftpbc_polls", "Polls of the box under the poll lock.",
+            "polls": CounterMetricFamily("ftpbc_polls", "Polls of the box (claims made, or tried).",
                                          labels=labels),
+            "listings": CounterMetricFamily("ftpbc_listings", "Listings of the box (whole, or a part of "
+                                            "a large one).", labels=labels),
+            "lock_busy": CounterMetricFamily("ftpbc_poll_lock_busy", "Polls that found the poll lock held "
+                                             "by another poller and skipped their turn.", labels=labels),
         }
         in_flight = GaugeMetricFamily("ftpbc_in_flight_messages", "Messages claimed and not finished.",
                                       labels=labels)
@@ -164,7 +168,8 @@ class NodeCollector(Collector):
             stats = poller.stats
             with stats.lock:
                 figures = {"served": stats.served, "failed": stats.failed, "lost_claims": stats.lost_claims,
-                           "lost_races": stats.lost_races, "polls": stats.polls}
+                           "lost_races": stats.lost_races, "polls": stats.polls,
+                           "listings": stats.listings, "lock_busy": stats.lock_busy}
             figures["expired"] = int(getattr(poller, "expired", 0))
             for key, family in counters.items():
                 family.add_metric(values, figures[key])

@@ -57,6 +57,13 @@ class ProviderStats:
     lost_races: int = 0
     lost_claims: int = 0
     polls: int = 0
+    #: listings of the box (whole, a part, or a pass's result taken)
+    listings: int = 0
+    #: polls that found the poll lock held by another poller and skipped their turn
+    lock_busy: int = 0
+    #: seconds spent holding the poll lock, and of those, listing
+    lock_held_s: float = 0.0
+    listing_s: float = 0.0
     #: time.monotonic() of the last poll that did not fail (0.0: none yet)
     last_poll: float = 0.0
     #: seconds each of the last LATENCY_SAMPLES messages took, claim to commit (bounded: a node
@@ -64,7 +71,7 @@ class ProviderStats:
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, **counts: int) -> None:
+    def add(self, **counts: float) -> None:
         with self.lock:
             for k, v in counts.items():
                 setattr(self, k, getattr(self, k) + v)
@@ -168,12 +175,26 @@ class Poller:
             self._term = self._lease.term()
             if self._term is None:
                 return 0
+        unlocked = self._poll_unlocked(free)
+        if unlocked is not None:
+            self.stats.add(polls=1)
+            return unlocked
         fail_point("poll-lock")
         with self.poll_lock.attempt() as held:
             if not held:
+                self.stats.add(lock_busy=1)
                 return -1
-            self.stats.add(polls=1)
-            return self._poll_locked(free)
+            began = time.monotonic()
+            try:
+                return self._poll_locked(free)
+            finally:
+                self.stats.add(polls=1, lock_held_s=time.monotonic() - began)
+
+    def _poll_unlocked(self, free: int) -> int | None:
+        """Before the poll lock is tried: take up to ``free`` items that need no lock and
+        return their count as :meth:`poll_once` does; None: this poll takes the lock (the
+        default)."""
+        return None
 
     def _poll_locked(self, free: int) -> int:
         """Under the poll lock: take up to ``free`` items and :meth:`_dispatch` them."""

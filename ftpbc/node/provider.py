@@ -29,12 +29,13 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Protocol
 
+from ftpbc.cluster.coordination import Share
 from ftpbc.cluster.liveness import Liveness
 from ftpbc.cluster.poll_lock import PollLock
 from ftpbc.exchange.backlog import RELIST_COST_FACTOR as RELIST_COST_FACTOR
 from ftpbc.exchange.backlog import BoxLister
 from ftpbc.exchange.layout import KEY_PREFIX as TRANSFER_KEY_PREFIX
-from ftpbc.exchange.layout import Candidate
+from ftpbc.exchange.layout import Candidate, delivery_order
 from ftpbc.exchange.lifecycle import SPOOL_IN_MEMORY, Claimed, Lifecycle, Unread
 from ftpbc.metrics import EndpointObserver
 from ftpbc.model.message import Message, result_bytes
@@ -63,13 +64,22 @@ class Provider(Poller):
     """The poller and workers of one endpoint (its inbound direction) or one transfer."""
 
     def __init__(self, name: str, config: BoxSettings, lifecycle: Lifecycle, handler: Handler,
-                 poll_lock: PollLock, *, liveness: Liveness | None = None) -> None:
+                 poll_lock: PollLock, *, liveness: Liveness | None = None,
+                 share: Share | None = None) -> None:
+        """``share``: this node's part of the box, for nodes sharing it (see :meth:`_poll_unlocked`);
+        None takes the whole box, under the poll lock."""
         super().__init__(name, config, poll_lock, liveness=liveness)
         self.lifecycle = lifecycle
         self.handler = handler
         self.in_place = lifecycle.layout.select is None
-        # What the last listing found and this node has not claimed yet, best first.
+        # What the last listing found and this node has not claimed yet, best first: this
+        # node's part of it (see share), and the other nodes' parts.
+        self._mine: deque[Candidate] = deque()
         self._backlog: deque[Candidate] = deque()
+        #: whether the last listing found any of this node's part (see _poll_locked)
+        self._had_mine = False
+        #: this node's part among the nodes serving the box; None: the whole box, always
+        self.share = share
         #: what the next listing is: the whole box, or a part of a large one (exchange.backlog)
         self.lister = BoxLister(lifecycle, poll_interval=config.poll_interval, large=config.large_box)
         #: when the listing behind the backlog was made (time.monotonic())
@@ -89,6 +99,30 @@ class Provider(Poller):
         # reports them to the same observer.
         self.lifecycle.observer = observer
 
+    def _poll_unlocked(self, free: int) -> int | None:
+        """Claim up to ``free`` messages of this node's part of the remembered backlog without
+        the poll lock; None when this poll needs the lock (a listing is due, this node's part is
+        used up, or another part holds a better priority than this node's best).
+
+        No lock is needed here: the nodes serving the box split it (:class:`Share`), so none
+        other goes for these files; where they disagree on who serves (a node joining or
+        dying), the cost is a lost race, a claim being a rename exactly one node wins.  The lock
+        is kept for what needs it: listing (one node at a time, so the cluster's listings do
+        not pile up on the server) and taking from another node's part."""
+        if self.in_place or self.share is None:
+            return None
+        self._resplit()
+        if not self._mine or self.lister.stale():
+            return None
+        mine, theirs = self._mine, self._backlog
+        if theirs and theirs[0].envelope.headers.priority > mine[0].envelope.headers.priority:
+            return None
+        picks = self._take(mine, free)
+        claimed, lost = self._claim_and_dispatch(picks)
+        if not claimed and lost:
+            self._forget()
+        return self._claimed_count(len(claimed), lost)
+
     def _poll_locked(self, free: int) -> int:
         """Claim up to ``free`` messages from the remembered backlog, listing the box if empty.
 
@@ -96,10 +130,10 @@ class Provider(Poller):
         went stale): a listing of a large box costs far more to fetch and parse than a claim, a
         single rename.  A remembered file another node took meanwhile is a lost race, one round
         trip; the poll then draws again from the backlog until it has its ``free`` claims, within
-        STALE_TRIES x ``free`` attempts.  Nodes sharing a box each take most of what the others
-        remember, so dropping the backlog whenever most of a batch was lost would make nearly
-        every poll a full listing under the poll lock.  A poll that wins nothing drops the
-        backlog.
+        STALE_TRIES x ``free`` attempts.  Nodes sharing a box each take their own part of what
+        they list (:class:`Share`), and from another's part only when theirs holds nothing as
+        good, so what one remembers stays valid while the others claim; with one node the whole
+        box is its part.  A poll that wins nothing drops the backlog.
         """
         lc = self.lifecycle
         if self.in_place:
@@ -115,45 +149,111 @@ class Provider(Poller):
             return sum(1 for c in claimed if not self._stop.is_set() and self._serve_one(c))
         listed = False
         won = lost = tried = 0
-        if self._backlog and self.lister.stale():
+        self._resplit()
+        if (self._backlog or self._mine) and self.lister.stale():
             # Relisted once it is a poll_interval old, used up or not: a message that arrived
             # since (a priority 9 behind 2,000 of priority 4) waits one interval at most, and a
             # large backlog costs one listing per interval, as an idle endpoint does.  Unless
             # the listing itself takes longer than a fraction of that interval (10,000 entries
             # at a short poll_interval): then it is relisted after RELIST_COST_FACTOR listing
-            # times, so listing never takes more than about 1/RELIST_COST_FACTOR of the poller.
-            # A large box's backlog is kept until used up or a complete pass is due instead.
-            self._backlog.clear()
+            # times, so listing never takes more than about 1/RELIST_COST_FACTOR of the poller
+            # (of the cluster's pollers together, when several nodes share the box: see
+            # BoxLister.sharers).  A large box's backlog is kept until used up or a complete
+            # pass is due instead.
+            self._forget()
+        if not self._mine and self._backlog and self._had_mine:
+            # This node's part is used up: a fresh listing splits what is left again, rather
+            # than racing the other nodes for the parts they are still working through.
+            self._forget()
         while won < free and tried < STALE_TRIES * free:
-            if not self._backlog:
+            if not self._backlog and not self._mine:
                 if listed:
                     break
-                # A large box is listed a part at a time (a slice, or the first part), and
-                # its best messages only are kept: see exchange.backlog.
-                self._backlog = deque(self._selected(self.lister.refill()))
-                self._listed_at = time.monotonic()
-                self.longest_listing = max(self.longest_listing, self.lister.listing_seconds)
-                self.observer.listed(c.mtime for c in self._backlog)
+                self._refill(free)
                 listed = True
-                self._expire_found(free)
-                if not self._backlog:
+                if not self._backlog and not self._mine:
                     break
-            picks = self._take(free - won)
-            claimed, lost_now = lc.claim(picks, "serve")
-            self.lister.taken(c.name for c in picks)  # a complete pass under way may list them
-            if claimed and log.isEnabledFor(logging.DEBUG):
-                for c in claimed:
-                    log.debug("%s: claimed %s", self.name, c.name, extra=log_extra(self.name, c))
-            for c in claimed:
-                # a remembered message may have expired since it was listed: never delivered
-                job = self._expire_one if lc.is_expired(c.candidate) else self._serve_one
-                self._dispatch(functools.partial(job, c), c.name)
+            picks = self._take(self._best_part(), free - won)
+            claimed, lost_now = self._claim_and_dispatch(picks)
             won += len(claimed)
             lost += lost_now
             tried += len(picks)
         if won == 0 and lost:
-            self._backlog.clear()
+            self._forget()
         return self._claimed_count(won, lost)
+
+    def _refill(self, free: int) -> None:
+        """List the box (a part of it, if large: see exchange.backlog) and split what it found
+        into this node's part (:attr:`_mine`) and the other nodes' (:attr:`_backlog`)."""
+        share = self.share
+        if share is not None:
+            # Several nodes take turns listing, each remembering what it found for longer:
+            # the cluster lists about as often as one node would.
+            self.lister.sharers = share.refresh()
+        found = self._selected(self.lister.refill())
+        self._listed_at = time.monotonic()
+        self.longest_listing = max(self.longest_listing, self.lister.listing_seconds)
+        self.stats.add(listings=1, listing_s=self.lister.listing_seconds)
+        self.observer.listed(c.mtime for c in found)
+        if share is None or share.count <= 1:
+            self._mine, self._backlog = deque(found), deque()
+        else:
+            mine = share.mine
+            self._mine = deque(c for c in found if mine(c.name))
+            self._backlog = deque(c for c in found if not mine(c.name))
+        # A listing that found nothing of this node's part: what there is belongs to the other
+        # nodes' parts, and this node takes from them rather than listing again at once.
+        self._had_mine = bool(self._mine)
+        self._expire_found(free)
+
+    def _resplit(self) -> None:
+        """Split the remembered backlog again if the nodes serving the box changed since it was
+        split (one joined, or died): each node then goes on with its new part at once."""
+        share = self.share
+        if share is None:
+            return
+        split = (share.index, share.count)
+        self.lister.sharers = share.refresh()
+        if split == (share.index, share.count) or not (self._mine or self._backlog):
+            return
+        remembered = sorted([*self._mine, *self._backlog], key=delivery_order)
+        mine = share.mine
+        self._mine = deque(c for c in remembered if mine(c.name))
+        self._backlog = deque(c for c in remembered if not mine(c.name))
+        self._had_mine = bool(self._mine)
+
+    def _best_part(self) -> deque[Candidate]:
+        """Where the next claims come from: this node's part, unless it is empty or another
+        part's best is of a higher priority (then that one: priorities go first)."""
+        mine, theirs = self._mine, self._backlog
+        if not mine:
+            return theirs
+        if theirs and theirs[0].envelope.headers.priority > mine[0].envelope.headers.priority:
+            return theirs
+        return mine
+
+    def _claim_and_dispatch(self, picks: list[Candidate]) -> tuple[list[Claimed], int]:
+        """Claim ``picks`` and hand each claim won to a worker; (claims won, races lost)."""
+        claimed, lost = self.lifecycle.claim(picks, "serve")
+        self.lister.taken(c.name for c in picks)  # a complete pass under way may list them
+        if claimed and log.isEnabledFor(logging.DEBUG):
+            for c in claimed:
+                log.debug("%s: claimed %s", self.name, c.name, extra=log_extra(self.name, c))
+        for c in claimed:
+            # a remembered message may have expired since it was listed: never delivered
+            job = self._expire_one if self.lifecycle.is_expired(c.candidate) else self._serve_one
+            self._dispatch(functools.partial(job, c), c.name)
+        return claimed, lost
+
+    def _forget(self) -> None:
+        """Drop the remembered backlog (both parts): the next claim lists the box again."""
+        self._mine.clear()
+        self._backlog.clear()
+
+    @property
+    def remembered(self) -> int:
+        """Messages remembered from the last listing and not claimed yet (every part)."""
+        return len(self._mine) + len(self._backlog)
 
     def _selected(self, waiting: list[Candidate]) -> list[Candidate]:
         """The waiting messages this node's selector (the endpoint's ``selector:``) takes.
@@ -194,15 +294,24 @@ class Provider(Poller):
             self._outcome(claimed, "lost" if ok is False else "unfinished", started)
         return ok is not None
 
-    def _take(self, count: int) -> list[Candidate]:
-        """``count`` files from the best part of the backlog, chosen at random within it.
+    def _take(self, backlog: deque[Candidate], count: int) -> list[Candidate]:
+        """``count`` files from the best part of ``backlog``, chosen at random within it.
 
         Nodes that listed the same backlog would otherwise all go for the same oldest files and
         lose most of their claims to each other; drawing from a window of the oldest keeps the
         order approximately best-first while making collisions rare.
         """
-        backlog = self._backlog
         count = min(count, len(backlog))
+        if count <= 0:
+            return []
+        if backlog is self._backlog and self._mine is not backlog and self.share is not None \
+                and self.share.count > 1:
+            return self._steal(backlog, count)
+        return self._take_head(backlog, count)
+
+    def _take_head(self, backlog: deque[Candidate], count: int) -> list[Candidate]:
+        """``count`` (at most ``len(backlog)``) files at random from the oldest of the best
+        priority in ``backlog``."""
         window = min(len(backlog), count * CLAIM_WINDOW)
         # Never across priorities: the window holds only messages of the best one waiting (the
         # next poll, or the next round of this one, goes on with the next priority).
@@ -216,6 +325,20 @@ class Provider(Poller):
         chosen = set(random.sample(range(window), count))
         backlog.extendleft(reversed([entry for i, entry in enumerate(head) if i not in chosen]))
         return [head[i] for i in sorted(chosen)]
+
+    def _steal(self, theirs: deque[Candidate], count: int) -> list[Candidate]:
+        """``count`` files of the other nodes' parts, taken from the young end of the best
+        priority waiting there: their owners work from the old end, so the two rarely go for
+        the same file.  From the old end when that priority is not the last one remembered
+        (an older, better message must not wait behind worse ones taken first)."""
+        top = theirs[0].envelope.headers.priority
+        if theirs[-1].envelope.headers.priority != top:
+            return self._take_head(theirs, count)
+        window = min(len(theirs), count * CLAIM_WINDOW)
+        tail = [theirs.pop() for _ in range(window)]
+        chosen = set(random.sample(range(window), count))
+        theirs.extend(reversed([entry for i, entry in enumerate(tail) if i not in chosen]))
+        return [tail[i] for i in sorted(chosen)]
 
     # ------------------------------------------------------------------ serving
 

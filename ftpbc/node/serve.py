@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ftpbc.cluster.coordination import Peers
 from ftpbc.cluster.heartbeat import Serves
 from ftpbc.cluster.liveness import LoopGuard
 from ftpbc.config.models import CLIENT_ID_RE, Config
@@ -232,11 +233,15 @@ class Node:
         self.providers, self.sweepers = {}, []  # a retried start builds afresh
         coordination = self.runtime.coordination
         liveness = self.runtime.liveness
+        # Which nodes serve each box, from their heartbeats: nodes sharing a box each claim
+        # their own part of it without the poll lock (see Provider).
+        peers = Peers(coordination, self.config.node.heartbeat_interval)
         for name, handler in self.handlers.items():
             ep = self.config.endpoints[name]
             inbound, outbound = self.runtime.endpoint_lifecycles(name)
             lock = coordination.poll_lock(name, ep.lock)
-            self.providers[name] = Provider(name, ep, inbound, handler, lock, liveness=liveness)
+            self.providers[name] = Provider(name, ep, inbound, handler, lock, liveness=liveness,
+                                            share=peers.share(name))
             self.sweepers.append(Sweeper([inbound, outbound], coordination,
                                          uncollected_after=ep.uncollected_after))
             log.info("serving %s on %s%s (lock: %s, workers: %d, node: %s)", name,
@@ -245,7 +250,8 @@ class Node:
             tc = self.config.transfers[name]
             lc = self.runtime.transfer(name)
             lock = coordination.poll_lock(lc.layout.key, tc.lock)
-            self.providers[name] = Provider(name, tc, lc, handler, lock, liveness=liveness)
+            self.providers[name] = Provider(name, tc, lc, handler, lock, liveness=liveness,
+                                            share=peers.share(name, transfer=True))
             self.sweepers.append(Sweeper([lc], coordination))
             log.info("serving transfer %s on %s%s (lock: %s, workers: %d, node: %s)", name,
                      self.config.servers[tc.server].display, tc.receive_from, tc.lock, tc.workers,
