@@ -81,7 +81,8 @@ def test_a_window_through_a_selector_is_sent_again_as_new_messages(request: pyte
     as a new message: an id derived from the replay's and the original's, the original's
     headers (delivery count reset, expiration dropped) and properties, the two replay
     properties, the body byte for byte.  A dry run counts them first and sends nothing; the
-    same call again sends nothing more."""
+    same call again sends nothing more; with the progress record lost, the copies still waiting
+    are replaced, never doubled."""
     handle: ServerHandle = request.getfixturevalue(f"{kind}_server")
     repo = f"{handle.fresh_dir()}/ep"
     client = Client(in_process_config(handle, tmp_path, "ops", {"ep": {"repository": repo, **FAST}}))
@@ -117,6 +118,15 @@ def test_a_window_through_a_selector_is_sent_again_as_new_messages(request: pyte
     assert again_plan.replay_id == plan.replay_id
     assert again is not None and not again.sent and sorted(again.already) == sorted(chosen)
     assert sorted(_inbox(handle, repo)) == sorted(inbox)
+    # With its record lost, a rerun sends every copy again under its own name: the server's
+    # rename replaces the one still waiting, so the inbox holds each copy once.
+    names = area_files(handle, repo, "inbox")
+    progress_path(tmp_path / "state", plan.replay_id).unlink()
+    _, lost = client.replay("ep", SINCE, UNTIL, where=where)
+    assert lost is not None and len(lost.sent) == len(chosen)
+    assert area_files(handle, repo, "inbox") == names
+    bodies = {k: body for k, (_, body) in inbox.items()}
+    assert {k: body for k, (_, body) in _inbox(handle, repo).items()} == bodies
 
 
 def test_the_copies_go_to_another_endpoint_and_a_replay_id_given_names_them(pyftpdlib_server: ServerHandle,
