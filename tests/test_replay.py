@@ -260,19 +260,22 @@ def _served_by_original(seen: Seen) -> dict[str, int]:
     return counts
 
 
-@pytest.mark.parametrize(("kind", "point"), [
-    ("pyftpdlib", "archive-replay.after-send@2"),
-    pytest.param("pyftpdlib", "archive-replay.after-begin@3", marks=pytest.mark.slow),
-    pytest.param("pyftpdlib", "send.after-put@2", marks=pytest.mark.slow),
-    pytest.param("vsftpd", "archive-replay.after-send@3", marks=pytest.mark.slow),
+@pytest.mark.parametrize(("kind", "point", "signal"), [
+    ("pyftpdlib", "archive-replay.after-send@2", "KILL"),
+    pytest.param("pyftpdlib", "archive-replay.after-begin@3", "KILL", marks=pytest.mark.slow),
+    pytest.param("pyftpdlib", "send.after-put@2", "KILL", marks=pytest.mark.slow),
+    pytest.param("vsftpd", "archive-replay.after-send@3", "KILL", marks=pytest.mark.slow),
+    pytest.param("pyftpdlib", "archive-replay.after-send@2", "INT", marks=pytest.mark.slow),
 ])
 def test_a_replay_killed_midway_and_run_again_sends_each_message_once(request: pytest.FixtureRequest,
                                                                       tmp_path: Path, things: list[Any],
-                                                                      kind: str, point: str) -> None:
-    """``ftpbc replay`` SIGKILLed at a step of one of its sends; a node serves what reached the
-    inbox (so a copy sent twice would be served twice, not replaced in the inbox); the same
-    command again: every archived message in the window is served exactly once, counted by
-    ``ftpbc_replay_of``, and the copies the node archived meanwhile are not replayed again."""
+                                                                      kind: str, point: str,
+                                                                      signal: str) -> None:
+    """``ftpbc replay`` SIGKILLed (or interrupted: Ctrl-C, exit 130) at a step of one of its
+    sends; a node serves what reached the inbox (so a copy sent twice would be served twice,
+    not replaced in the inbox); the same command again: every archived message in the window
+    is served exactly once, counted by ``ftpbc_replay_of``, and the copies the node archived
+    meanwhile are not replayed again."""
     handle: ServerHandle = request.getfixturevalue(f"{kind}_server")
     repo = f"{handle.fresh_dir()}/ep"
     endpoints = {"ep": {"repository": repo, **FAST}}
@@ -281,8 +284,8 @@ def test_a_replay_killed_midway_and_run_again_sends_each_message_once(request: p
     for i, ident in enumerate(ids):
         _archive(handle, repo, f"msg.{ident}", f"20260101T00000{i}.000Z", f"body {i}".encode())
     command = ("replay", "-c", str(cfg), "--node-id", "ops", "ep", "--since", "2026-01-01")
-    killed = run_ftpbc(*command, env=ftpbc_env({"FTPBC_CRASH_AT": point}))
-    assert killed.returncode == -9, killed.stderr
+    killed = run_ftpbc(*command, env=ftpbc_env({"FTPBC_CRASH_AT": point, "FTPBC_CRASH_SIGNAL": signal}))
+    assert killed.returncode == (-9 if signal == "KILL" else 130), killed.stderr
     replay_id = killed.stderr.split("replay ", 1)[1].split(":", 1)[0]
 
     seen = Seen()
