@@ -313,7 +313,8 @@ def test_job_figures_equal_the_plain_pass_on_every_naming_form(spark: Any, tmp_p
         _write(root, plain, "inarchive", archive_name(f"req.{uid};.noteS={tail}", "node-0", t0),
                7, t0 + timedelta(seconds=i))
     out = tmp_path / "out"
-    res = run(Options(sources=sources, out=out, progress=False, print_table=False, engine="spark"),
+    res = run(Options(sources=sources, out=out, progress=False, print_table=False, engine="spark",
+                      provenance=True),
               spark=spark)
     ref = plain_figures.run(sources)
 
@@ -335,14 +336,16 @@ def test_job_figures_equal_the_plain_pass_on_every_naming_form(spark: Any, tmp_p
 
     # The plain engine, as ``ftpbc aggregate --engine plain`` runs it: every output the same.
     plain_out = tmp_path / "out-plain"
-    alike = run(Options(sources=sources, out=plain_out, progress=False, print_table=False, engine="plain"))
+    alike = run(Options(sources=sources, out=plain_out, progress=False, print_table=False, engine="plain",
+                        provenance=True))
     assert (alike.engine, res.engine) == ("plain", "spark")
     assert_same_outputs(out, plain_out)
 
 
 def assert_same_outputs(spark_out: Path, plain_out: Path) -> None:
     """Every output of the two engines holds the same: figures and nodes (Parquet rows and CSV
-    bytes), the unanswered list (Parquet rows and types, CSV text, both in order) and the chart."""
+    bytes), the unanswered list (Parquet rows and types, CSV text, both in order), the chart,
+    and the provenance table when there is one."""
     import pyarrow.parquet as pq
 
     for stem in ("figures", "nodes"):
@@ -356,3 +359,12 @@ def assert_same_outputs(spark_out: Path, plain_out: Path) -> None:
     [b_csv] = (plain_out / "unanswered_csv").glob("part-*.csv")
     assert a_csv.read_text(encoding="utf-8") == b_csv.read_text(encoding="utf-8")
     assert (spark_out / "chart.png").read_bytes() == (plain_out / "chart.png").read_bytes()
+    if (spark_out / "provenance").exists():
+        # one row per request, in no order: the same rows, the same columns of the same types
+        a, b = pq.read_table(spark_out / "provenance"), pq.read_table(plain_out / "provenance")
+        assert [(f.name, f.type) for f in a.schema] == [(f.name, f.type) for f in b.schema]
+
+        def rows(table: Any) -> list[dict[str, Any]]:
+            return sorted(table.to_pylist(), key=lambda r: (r["endpoint"], r["id"]))
+
+        assert a.num_rows > 0 and rows(a) == rows(b)

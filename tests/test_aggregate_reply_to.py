@@ -193,3 +193,27 @@ def test_every_phase_is_reported_with_its_counts(archive: Archive, result: Any, 
     assert (got["figures"]["rows"], got["figures"]["requests"]) == (len(result[0].figures), 4)
     assert got["outputs"] == {"outputs": len(OUTPUTS), "unanswered": 1}
     assert got["provenance"] == {"requests": 6}
+
+
+def test_the_plain_engine_writes_the_same_provenance_table(archive: Archive, result: Any,
+                                                           tmp_path: Path) -> None:
+    """``--engine plain --provenance``: no Spark, the same figures and the same table, row for
+    row and type for type, read back from its Parquet files."""
+    import pyarrow.parquet as pq
+
+    res, _ = result
+    seen: list[Phase] = []
+    mine = run(Options(sources=archive.sources, out=tmp_path / "out", bucket="1d", engine="plain",
+                       progress=False, print_table=False, provenance=True, report=seen.append))
+    assert (mine.engine, mine.figures, mine.nodes) == ("plain", res.figures, res.nodes)
+    assert [p.name for p in seen] == ["listing", "engine", "figures", "outputs", "provenance"]
+    assert seen[-1].counts == {"requests": len(archive.ids)}
+    assert mine.provenance is not None and res.provenance is not None
+    ours, spark_table = pq.read_table(mine.provenance), pq.read_table(res.provenance)
+    # the same columns, in the same order, of the same types (Spark adds metadata and non-nulls)
+    assert [(f.name, f.type) for f in ours.schema] == [(f.name, f.type) for f in spark_table.schema]
+
+    def rows(table: Any) -> list[dict[str, Any]]:
+        return sorted(table.to_pylist(), key=lambda r: (r["endpoint"], r["id"]))
+
+    assert rows(ours) == rows(spark_table)

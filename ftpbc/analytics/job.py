@@ -13,7 +13,7 @@ Runnable as ``ftpbc aggregate ...`` or ``spark-submit ftpbc/analytics/job.py ...
 Engines (:func:`choose_engine`): ``plain`` computes in this process (``plain``: no Spark, no
 Java), ``spark`` with Spark; ``auto`` takes the plain engine up to :data:`PLAIN_MAX_FILES` listed
 files, where a Spark start alone would cost more than the whole computation.  Every output is the
-same whichever engine wrote it (the provenance table is Spark's only).
+same whichever engine wrote it (the provenance table included).
 
 Routes: a ``file://`` area is listed by the driver (into Parquet for Spark, ``listing``); FTP,
 FTPS and SFTP areas are listed by ftpbc's transport into the mirror, whose parts either engine
@@ -91,8 +91,8 @@ class Options:
     #: told each phase as it ends (listing, Spark start, parsing, figures, outputs, provenance),
     #: with its counts and the seconds since the start (ftpbc.analytics.progress)
     report: Callable[[Phase], None] | None = None
-    #: also write the provenance table (figures.provenance), reading expired and dead letters too;
-    #: Spark computes it, so ``auto`` picks Spark
+    #: also write the provenance table (figures.provenance, plain.Provenance), reading expired
+    #: and dead letters too
     provenance: bool = False
 
 
@@ -150,20 +150,15 @@ def count_files(inputs: Sequence[Input], limit: int) -> int:
 def choose_engine(opts: Options, inputs: Sequence[Input], spark: Any = None) -> tuple[str, str]:
     """The engine for this run and why, as told on stderr.
 
-    ``auto`` takes Spark when a session was handed in, the master is not local or the provenance
-    table is asked for, else counts the listed files: the plain engine up to ``plain_max_files``,
-    Spark above.
+    ``auto`` takes Spark when a session was handed in or the master is not local, else counts
+    the listed files: the plain engine up to ``plain_max_files``, Spark above.
     """
     if opts.engine not in ENGINES:
         raise ConfigError(f"--engine {opts.engine!r}: expected one of {', '.join(ENGINES)}")
-    if opts.engine == "plain" and opts.provenance:
-        raise ConfigError("--provenance is written by Spark: it cannot go with --engine plain")
     if opts.engine != "auto":
         return opts.engine, "as asked"
     if spark is not None:
         return "spark", "a Spark session is running"
-    if opts.provenance:
-        return "spark", "provenance is computed by Spark"
     if not opts.master.startswith("local"):
         return "spark", f"master {opts.master}"
     limit = opts.plain_max_files or PLAIN_MAX_FILES
@@ -212,8 +207,8 @@ def _run(opts: Options, spark: Any, display: Display) -> Result:
     from ftpbc.analytics.mirror import part_files, update_mirror
 
     window = Window(parse_bucket(opts.bucket),
-                       parse_time(opts.since, "--since") if opts.since else None,
-                       parse_time(opts.until, "--until") if opts.until else None)
+                    parse_time(opts.since, "--since") if opts.since else None,
+                    parse_time(opts.until, "--until") if opts.until else None)
     # One source per endpoint: "--endpoint q --endpoint q" must not count q twice.
     sources = list({s.endpoint: s for s in opts.sources}.values())
     namings = {s.endpoint: s.naming() for s in sources}
@@ -281,8 +276,9 @@ def _run_plain(opts: Options, inputs: Sequence[Input], namings: Mapping[str, Map
                 compacted_parts=sum(i.kind == "compacted" for i in inputs), endpoints=len(namings))
     display.end("engine", f"plain ({why})", plain_max_files=opts.plain_max_files or PLAIN_MAX_FILES)
     display.begin("figures")
+    prov = plain.Provenance() if opts.provenance else None
     res = plain.compute(inputs, namings, bucket_us=window.bucket_us, since_us=window.since_us,
-                        until_us=window.until_us, dedupe=dedupe)
+                        until_us=window.until_us, dedupe=dedupe, provenance=prov)
     rows, nodes = res.figures, res.nodes
     n_requests = sum(r["requests"] for r in rows)
     display.end("figures", f"{res.records} requests and replies read, {len(rows)} endpoint-bucket rows, "
@@ -295,7 +291,14 @@ def _run_plain(opts: Options, inputs: Sequence[Input], namings: Mapping[str, Map
     plain.write_unanswered(res.unanswered, opts.out / "unanswered", opts.out / "unanswered_csv")
     n_un = sum(r["unanswered"] for r in rows)
     chart = _outputs_written(opts, display, rows, window, n_un)
-    return Result(rows, nodes, n_un, chart, 0, engine="plain")
+    provenance_dir: Path | None = None
+    if prov is not None:
+        display.begin("provenance")
+        provenance_dir = opts.out / "provenance"
+        table = prov.rows(window.since_us, window.until_us)
+        plain.write_provenance(table, provenance_dir)
+        display.end("provenance", f"{len(table)} requests written to {provenance_dir}", requests=len(table))
+    return Result(rows, nodes, n_un, chart, 0, engine="plain", provenance=provenance_dir)
 
 
 def _session(opts: Options) -> Any:

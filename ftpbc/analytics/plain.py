@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ftpbc.analytics.listing import Input, scan_chunks
-from ftpbc.analytics.records import IN_FOLDERS, RAW_FIELDS, UNCOLLECTED, parse_record
+from ftpbc.analytics.records import IN_FOLDERS, RAW_FIELDS, REQUEST_SIDE, UNCOLLECTED, parse_record
 from ftpbc.analytics.sources import ARCHIVE_FOLDERS, ArchiveSource
 
 PERCENTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
@@ -181,8 +181,10 @@ def raw_records(inputs: Iterable[Input]) -> Iterator[dict[str, Any]]:
 
 
 def _relevant(r: Mapping[str, Any]) -> bool:
+    """A request (expired and dead-lettered ones too: listed for the provenance table only, and
+    not counted by :func:`figures`, which looks at ``IN_FOLDERS``) or a reply."""
     kind, folder = r["kind"], r["folder"]
-    return ((kind == "request" and folder in IN_FOLDERS)
+    return ((kind == "request" and folder in REQUEST_SIDE)
             or (kind in ("response", "error_reply") and folder in ("outarchive", "outerror")))
 
 
@@ -350,9 +352,14 @@ def unanswered_order(r: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def compute(inputs: Sequence[Input], namings: Mapping[str, Mapping[str, str]], *, bucket_us: int,
-            since_us: int | None = None, until_us: int | None = None, dedupe: bool = False) -> PlainResult:
-    """The job's computation on these inputs (``dedupe`` as :func:`parsed_records`)."""
-    return figures(parsed_records(inputs, namings, dedupe=dedupe), bucket_us, since_us, until_us)
+            since_us: int | None = None, until_us: int | None = None, dedupe: bool = False,
+            provenance: Provenance | None = None) -> PlainResult:
+    """The job's computation on these inputs (``dedupe`` as :func:`parsed_records`); every
+    record also folded into ``provenance`` when given, in the same pass."""
+    records: Iterable[Mapping[str, Any]] = parsed_records(inputs, namings, dedupe=dedupe)
+    if provenance is not None:
+        records = provenance.watch(records)
+    return figures(records, bucket_us, since_us, until_us)
 
 
 def run(sources: Sequence[ArchiveSource], bucket_us: int = 3_600_000_000) -> PlainResult:
@@ -412,5 +419,126 @@ def write_unanswered(rows: Sequence[Mapping[str, Any]], parquet_dir: Path, csv_d
         (d / "_SUCCESS").touch()
 
 
-__all__ = ["PlainResult", "Window", "compute", "figures", "list_records", "parsed_records", "percentile",
-           "raw_records", "run", "unanswered_order", "write_unanswered"]
+# ----------------------------------------------------------------------------- provenance
+
+#: the provenance table's columns and Parquet types (``figures.provenance``'s, in its order)
+PROVENANCE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("endpoint", "string"), ("id", "string"), ("kind", "string"), ("name", "string"),
+    ("sent_at", "timestamp"), ("modified_at", "timestamp"), ("archived_at", "timestamp"),
+    ("archived_by", "string"), ("response_at", "timestamp"), ("response_by", "string"),
+    ("response_endpoint", "string"), ("outcome", "string"), ("correlation_id", "string"),
+    ("reply_to", "string"))
+
+
+def _earliest_by(best: tuple[int, str | None] | None, stamp: int | None,
+                 node: str | None) -> tuple[int, str | None] | None:
+    """Spark's ``min_by(node, stamp)``: the node of the earliest stamp (null stamps skipped); a
+    tie goes to the smaller node, where Spark takes whichever it met first."""
+    if stamp is None:
+        return best
+    if best is None or (stamp, node or "") < (best[0], best[1] or ""):
+        return (stamp, node)
+    return best
+
+
+class Provenance:
+    """``figures.provenance`` in plain Python: records folded one by one (:meth:`watch`), then
+    one row per request (:meth:`rows`), the same rows as Spark's (the tests compare them).
+
+    Holds one small dict per (endpoint, id) of the archive, as :func:`figures` does.
+    """
+
+    def __init__(self) -> None:
+        self._groups: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def watch(self, records: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+        """``records``, each folded here on its way through."""
+        for r in records:
+            self.fold(r)
+            yield r
+
+    def fold(self, r: Mapping[str, Any]) -> None:
+        kind, folder, uid = r["kind"], r["folder"], r["uuid"]
+        req = kind == "request" and folder in REQUEST_SIDE
+        rep = kind in ("response", "error_reply") and folder in ("outarchive", "outerror")
+        if not (req or rep) or uid is None:
+            return
+        pair = r["reply_to"] if rep and r["reply_to"] is not None else r["endpoint"]
+        g = self._groups.get((pair, uid))
+        if g is None:
+            g = self._groups[(pair, uid)] = {
+                "request": False, "name": None, "sent": None, "modified": None, "archived": None,
+                "by": None, "correlation_id": None, "reply_to": None, "dead": False, "expired": False,
+                "failed": False, "error_reply": False, "replied": False, "response": None,
+                "response_by": None, "response_endpoint": None}
+        if req:
+            g["request"] = True
+            g["name"] = _least_text(g["name"], r["name"])
+            g["sent"] = _least(g["sent"], r["name_time_us"])
+            g["modified"] = _least(g["modified"], r["mtime_us"])
+            g["archived"] = _least(g["archived"], r["stamp_us"])
+            g["by"] = _earliest_by(g["by"], r["stamp_us"], r["node"])
+            g["correlation_id"] = _least_text(g["correlation_id"], r["correlation_id"])
+            g["reply_to"] = _least_text(g["reply_to"], r["reply_to"])
+            g["dead"] |= folder == "indead"
+            g["expired"] |= folder == "inexpired"
+            g["failed"] |= folder == "inerror"
+        else:
+            g["replied"] = True
+            g["error_reply"] |= kind == "error_reply"
+            g["response"] = _least(g["response"], r["stamp_us"])
+            g["response_by"] = _earliest_by(g["response_by"], r["stamp_us"], r["node"])
+            g["response_endpoint"] = _least_text(g["response_endpoint"], r["endpoint"])
+
+    def rows(self, since_us: int | None = None, until_us: int | None = None) -> list[dict[str, Any]]:
+        out = []
+        for (endpoint, uid), g in self._groups.items():
+            if not g["request"]:
+                continue
+            t0 = g["sent"] if g["sent"] is not None else g["modified"]
+            if since_us is not None and (t0 is None or t0 < since_us):
+                continue
+            if until_us is not None and (t0 is None or t0 >= until_us):
+                continue
+            outcome = ("dead-lettered" if g["dead"] else "expired" if g["expired"]
+                       else "error" if g["failed"] or g["error_reply"] else "answered" if g["replied"]
+                       else "unanswered")
+
+            def when(us: int | None) -> datetime | None:
+                return None if us is None else _timestamp(us)
+
+            out.append({
+                "endpoint": endpoint, "id": uid, "kind": "request", "name": g["name"],
+                "sent_at": when(g["sent"]), "modified_at": when(g["modified"]),
+                "archived_at": when(g["archived"]), "archived_by": g["by"][1] if g["by"] else None,
+                "response_at": when(g["response"]),
+                "response_by": g["response_by"][1] if g["response_by"] else None,
+                "response_endpoint": g["response_endpoint"], "outcome": outcome,
+                "correlation_id": g["correlation_id"], "reply_to": g["reply_to"]})
+        out.sort(key=lambda r: (r["endpoint"], r["id"]))
+        return out
+
+
+def _least_text(a: str | None, b: str | None) -> str | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def write_provenance(rows: Sequence[Mapping[str, Any]], directory: Path) -> None:
+    """The provenance table as a Parquet dataset of one part (times as Spark's INT96)."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    types = {"string": pa.string(), "timestamp": pa.timestamp("us")}
+    schema = pa.schema([(n, types[t]) for n, t in PROVENANCE_COLUMNS])
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(list(rows), schema=schema), directory / "part-00000.snappy.parquet",
+                   compression="snappy", use_deprecated_int96_timestamps=True)
+    (directory / "_SUCCESS").touch()
+
+
+__all__ = ["PROVENANCE_COLUMNS", "PlainResult", "Provenance", "Window", "compute", "figures", "list_records",
+           "parsed_records", "percentile", "raw_records", "run", "unanswered_order", "write_provenance",
+           "write_unanswered"]

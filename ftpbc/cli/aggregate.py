@@ -26,7 +26,7 @@ from ftpbc.errors import ConfigError
               help="Write figures, chart, listing mirror and compacted dataset into this directory.")
 @click.option("--engine", type=click.Choice(["auto", "plain", "spark"]), default="auto", show_default=True,
               help="Compute in this process (plain), with Spark (spark), or by size (auto: plain up to "
-                   "400,000 listed files, Spark above; --master or --provenance means Spark).")
+                   "400,000 listed files, Spark above; --master means Spark).")
 @click.option("--master", default=None, help="Run on this Spark master URL (default local[*]); implies "
                                              "--engine spark.")
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE",
@@ -48,8 +48,8 @@ def aggregate(config_path: str, endpoints: tuple[str, ...], since: str | None, u
               compact: bool, provenance: bool, no_progress: bool) -> None:
     """Count requests, responses, errors, unanswered requests and latency per endpoint and time bucket.
 
-    Small archives are computed in this process; large ones, or any run given --master or
-    --provenance, with Spark (the ``spark`` extra and Java 17).  See docs/aggregate.md.
+    Small archives are computed in this process; large ones, or any run given --master, with
+    Spark (the ``spark`` extra and Java 17).  See docs/aggregate.md.
     """
     from ftpbc.analytics.job import Options, parse_bucket, parse_time, run
     from ftpbc.analytics.requirements import PLAIN_MODULES, require_java, require_modules
@@ -71,10 +71,6 @@ def aggregate(config_path: str, endpoints: tuple[str, ...], since: str | None, u
     if master is not None:
         if engine == "plain":
             raise ConfigError(f"--master {master!r} runs Spark: it cannot go with --engine plain")
-        engine = "spark"
-    if provenance:  # the provenance table is computed by Spark only
-        if engine == "plain":
-            raise ConfigError("--provenance is written by Spark: it cannot go with --engine plain")
         engine = "spark"
     if engine == "spark":
         require_modules()
