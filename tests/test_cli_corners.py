@@ -378,7 +378,8 @@ def test_seq_show_json_and_options_after_the_subcommand(config: Path) -> None:
 
 def test_missing_spark_extra_is_one_line(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pyspark", None)  # as if not installed: import fails
-    result = main_in_process("aggregate", "-c", str(config))
+    # Spark's needs are checked when Spark is to run: asked for here (auto would count first)
+    result = main_in_process("aggregate", "-c", str(config), "--engine", "spark")
     assert result.returncode == 2
     line = one_line(result)
     assert line.startswith("ftpbc: error: pyspark is not installed") and "pip install 'ftpbc[spark]'" in line
@@ -386,7 +387,7 @@ def test_missing_spark_extra_is_one_line(config: Path, monkeypatch: pytest.Monke
 
 @pytest.mark.parametrize("java_home", [None, "/nonexistent/jdk"])
 def test_missing_java_names_java_17(config: Path, tmp_path: Path, java_home: str | None) -> None:
-    result = main_in_process("aggregate", "-c", str(config),
+    result = main_in_process("aggregate", "-c", str(config), "--engine", "spark",
                              env={"PATH": str(tmp_path / "nothing-here"), "JAVA_HOME": java_home})
     assert result.returncode == 2
     line = one_line(result)
