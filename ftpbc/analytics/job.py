@@ -88,8 +88,8 @@ class Options:
     spark_conf: dict[str, str] = field(default_factory=dict)
     #: Spark's own log level on stderr (figures.LOG_LEVELS); "error" keeps its warnings out
     log_level: str = "error"
-    #: told each phase as it ends (listing, Spark start, parsing, figures, outputs, provenance),
-    #: with its counts and the seconds since the start (ftpbc.analytics.progress)
+    #: told each phase as it ends (progress.PHASES: listing, engine, Spark start, parsing,
+    #: figures, outputs, provenance), with its counts and the seconds since the start
     report: Callable[[Phase], None] | None = None
     #: also write the provenance table (figures.provenance, plain.Provenance), reading expired
     #: and dead letters too

@@ -5,10 +5,11 @@ computes here what :mod:`ftpbc.analytics.figures` computes with Spark, from the 
 (:class:`~ftpbc.analytics.listing.Input`: local folders listed by
 :func:`~ftpbc.analytics.listing.scan_chunks`, mirror parts, compacted parts), with the reference
 name parser (:func:`ftpbc.analytics.records.parse_record`) and the same definitions written out as
-loops over dicts: requests and replies folded per (endpoint, uuid), then per endpoint and bucket,
-and per node.  Percentiles use Spark's own formula (``lower + (pos - floor(pos)) * (higher -
-lower)``), so that both engines agree to the last bit, not only to a tolerance; the tests compare
-every output of the two.
+loops over dicts: requests and replies folded per (endpoint, uuid) (a reply in the endpoint its
+reply-to names, when it went through a request's ``reply_to``), then per endpoint and bucket,
+and per node; the provenance table in the same pass (:class:`Provenance`).  Percentiles use
+Spark's own formula (``lower + (pos - floor(pos)) * (higher - lower)``), so that both engines
+agree to the last bit, not only to a tolerance; the tests compare every output of the two.
 
 Guaranteed: the same rows as the Spark job for the same inputs, window and de-duplication.
 Not guaranteed: scaling.  It runs on one core and holds one small object per (endpoint, uuid)
