@@ -9,6 +9,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import signal
+import subprocess
+import sys
 import uuid as uuidlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +22,12 @@ from ftpbc.client import Client
 from ftpbc.config.loader import load_config
 from ftpbc.errors import UnknownRequest
 from ftpbc.exchange.backlog import BoxLister
+from ftpbc.journal import Journal, discard_unused_made, forget_made
 from ftpbc.model.message import Message
 from ftpbc.node.serve import Node
-from tests.cluster import in_process_config, write_config
+from tests.cluster import REPO_ROOT, in_process_config, write_config
 from tests.servers.handle import ServerHandle
-from tests.support import ftpbc_env, run_ftpbc
+from tests.support import free_port, ftpbc_env, popen_ftpbc, run_ftpbc, wait_until
 from tests.test_bad_input import main_in_process
 from tests.test_cli_corners import json_records
 
@@ -189,3 +193,104 @@ def test_request_of_plain_ftp_against_a_tls_only_server_fails_at_the_first_refus
     assert "requires TLS (an ftps:// URL)" in last["message"]
     # nothing was tried after the login's refusal: not a directory made, not a file sent
     assert [r for r in logged if "SSL/TLS" in r["message"]] == [], logged
+
+
+# --------------------------------------------------------------------------- journal directories
+
+
+def node_dirs(journals: Path) -> dict[str, list[str]]:
+    """Each node directory of ``journals`` with the names in it (none: ``journals`` is not there)."""
+    if not journals.is_dir():
+        return {}
+    return {d.name: sorted(p.name for p in d.iterdir()) for d in sorted(journals.iterdir())}
+
+
+@pytest.fixture
+def wrong_password(pyftpdlib_server: ServerHandle, tmp_path: Path) -> Path:
+    """A configuration for the pyftpdlib server whose password is wrong."""
+    handle = dataclasses.replace(pyftpdlib_server, password="not-the-password")
+    repo = f"{pyftpdlib_server.fresh_dir()}/quote"
+    return write_config(tmp_path / "ftpbc.yaml", handle, tmp_path,
+                        {"quote": {"repository": repo, "handler": "examples.handlers:echo"}})
+
+
+def test_a_command_that_cannot_log_in_leaves_no_journal_directory(wrong_password: Path,
+                                                                  tmp_path: Path) -> None:
+    """journal_dir and the client's node directory did not exist: neither does afterwards, and
+    ``ftpbc journal`` knows no node id."""
+    journals = tmp_path / "journals"
+    sent = main_in_process("send", "-c", str(wrong_password), "--node-id", "failed", "quote", "--data", "x",
+                           env={"FTPBC_LOG_FORMAT": None})
+    assert sent.returncode == 2 and "login refused" in sent.stderr, sent.stderr
+    assert not journals.exists(), node_dirs(journals)
+    listed = main_in_process("journal", "-c", str(wrong_password), "--node-id", "failed.client0")
+    assert "known node ids: none" in listed.stderr, listed.stderr
+
+
+def test_a_journal_directory_that_was_there_before_is_untouched(wrong_password: Path, tmp_path: Path) -> None:
+    """The client identity's directory is left by an earlier run (empty, as one that sent
+    nothing leaves it), another node's holds a record: a failed command removes neither."""
+    journals = tmp_path / "journals"
+    with Client(load_config(wrong_password, node_id="failed.client0")):
+        pass  # makes failed.client0's directory, writes nothing
+    other = Journal(journals, "other")
+    other.endpoint("quote").record("u1.send", "send", durable=True, stage="s", target="t")
+    other.close()
+    before = node_dirs(journals)
+    assert set(before) == {"failed.client0", "other"}
+    sent = main_in_process("send", "-c", str(wrong_password), "--node-id", "failed", "quote", "--data", "x")
+    assert sent.returncode == 2 and "login refused" in sent.stderr, sent.stderr
+    assert node_dirs(journals) == before
+
+
+def test_what_a_failed_start_made_is_removed_only_if_it_holds_no_record(tmp_path: Path) -> None:
+    """Only directories made since forget_made, holding no record and not in use, go."""
+    journals = tmp_path / "journals"
+    forget_made()
+    empty, pending, held = Journal(journals, "empty"), Journal(journals, "pending"), Journal(journals, "held")
+    empty.endpoint("quote")  # a registry and an empty journal file, no record
+    empty.endpoint("other").record("u1.send", "send", durable=True, stage="s", target="t")
+    empty.endpoint("other").end("u1.send")  # ended: compacted away, nothing for recovery
+    pending.endpoint("quote").record("u2.send", "send", durable=True, stage="s", target="t")
+    empty.close()
+    pending.close()
+    assert discard_unused_made() == [journals / "empty"]
+    assert sorted(node_dirs(journals)) == ["held", "pending"]
+    held.close()
+    assert discard_unused_made() == []  # asked once: held was in use when it was asked
+    assert sorted(node_dirs(journals)) == ["held", "pending"]
+    again = Journal(journals, "empty")  # made afresh after its removal, and locked as before
+    try:
+        assert (journals / "empty" / ".lock").is_file()
+        result = subprocess.run(
+            [sys.executable, "-c", "import sys; from ftpbc.journal import Journal; "
+                                   "Journal(sys.argv[1], 'empty')", str(journals)],
+            capture_output=True, text=True, timeout=60, check=False)
+        assert result.returncode != 0 and "in use by another process" in result.stderr, result.stderr
+    finally:
+        again.close()
+        forget_made()
+
+
+def test_serve_stopped_before_it_ever_served_leaves_no_journal_directory(tmp_path: Path) -> None:
+    """Nothing listens at the server's address: the start-up is tried again and again until
+    SIGTERM, and the node's journal directory goes with it."""
+    handle = ServerHandle(kind="pyftpdlib", root=tmp_path, url=f"ftp://ftpbc@127.0.0.1:{free_port()}/",
+                          password="secret")
+    config = write_config(tmp_path / "ftpbc.yaml", handle, tmp_path,
+                          {"quote": {"repository": "/quote", "handler": "examples.handlers:echo"}})
+    log = tmp_path / "serve.log"
+    proc = popen_ftpbc("serve", "-c", str(config), "--node-id", "down", log=log,
+                       env=ftpbc_env(cwd_imports=str(REPO_ROOT)))
+    try:
+        wait_until(lambda: "ConnectFailed" in log.read_text() or proc.poll() is not None, timeout=60,
+                   what="the start-up to fail")
+        assert proc.poll() is None, log.read_text()
+        assert "down" in node_dirs(tmp_path / "journals")  # made, while it tries
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not (tmp_path / "journals").exists(), node_dirs(tmp_path / "journals")

@@ -114,17 +114,33 @@ def _format_of_a_parse_error() -> None:
         logs.use_format(asked)
 
 
+def discard_failed_start() -> None:
+    """Remove the journal directories this command made and wrote no record to (see
+    :func:`ftpbc.journal.discard_unused_made`): a start that failed leaves no node id behind
+    for ``ftpbc journal``, ``recover`` and ``status`` to list.  A directory that was there
+    before the command is never touched."""
+    from ftpbc.journal import discard_unused_made
+
+    discard_unused_made()
+
+
 def main() -> None:
-    """Entry point: any FtpbcError becomes one line on stderr and exit status 2.
+    """Entry point: any FtpbcError becomes one line on stderr and exit status 2, and the
+    journal directories the command made and wrote nothing to are removed
+    (:func:`discard_failed_start`).
 
     With ``--log-format json`` (or FTPBC_LOG_FORMAT=json) that line, and a usage error's, is a
     JSON record with the error's type and message, like every log line before it."""
     logs.forget_format()
+    from ftpbc.journal import forget_made
+
+    forget_made()
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
+        discard_failed_start()
         _format_of_a_parse_error()
         if logs.current_format() == "json":
             say("error", exc.format_message(), type(exc).__name__)
@@ -132,6 +148,7 @@ def main() -> None:
             exc.show()
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
+        discard_failed_start()
         _format_of_a_parse_error()
         if logs.current_format() == "json":
             say("interrupted", "aborted", "Abort")
@@ -139,11 +156,13 @@ def main() -> None:
             click.echo("Aborted.", err=True)
         sys.exit(130)
     except FtpbcError as exc:
+        discard_failed_start()
         say("error", str(exc), type(exc).__name__)
         sys.exit(getattr(exc, "exit_code", 2))
     except OSError as exc:
         # A local file or directory that cannot be made or written (a state_dir below a file,
         # a full disk): the path and the reason are what the user needs, not a traceback.
+        discard_failed_start()
         where = f"{exc.filename}: " if exc.filename is not None else ""
         say("error", f"{where}{exc.strerror or exc}", type(exc).__name__)
         sys.exit(2)

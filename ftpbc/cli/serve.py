@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ftpbc.cli import discard_failed_start
 from ftpbc.cli.common import config_option, json_option, load, log_options, node_id_option, setup_logging
 from ftpbc.config.models import CLIENT_ID_RE, Config
 from ftpbc.errors import JournalError
@@ -79,7 +80,14 @@ def serve(config_path: str, node_id: str | None, handler_path: tuple[str, ...],
 
     metrics = serve_configured_metrics(node, metrics_port)  # /healthz answers during start-up
     notifier = _notify_systemd(node)
-    node.start()
+    try:
+        node.start()
+    except BaseException:
+        # Refused at once (the node id is live elsewhere): the journal is let go, so that the
+        # directory this start made can be removed on the way out (ftpbc.cli.main).  Not
+        # node.stop(): that would remove the heartbeat file, which is the other node's.
+        node.runtime.journal.close()
+        raise
     if metrics is not None:
         metrics.attach()  # the providers start() built report their events from now on
     if not stop.is_set():
@@ -91,6 +99,10 @@ def serve(config_path: str, node_id: str | None, handler_path: tuple[str, ...],
     stop.wait()
     notifier.stopping()
     clean = node.stop()
+    if not node.served:
+        # Stopped before it ever served (a server down, a login refused, all along): the
+        # journal directory this start made, if it holds no record, goes with it.
+        discard_failed_start()
     # Handlers abandoned at the drain timeout may still run in worker threads, which the
     # interpreter would wait for at exit; their claims are back in the box, so leave now.
     logging.shutdown()

@@ -37,8 +37,13 @@ class Runtime:
         self.node_id = config.node.id
         self.journal = Journal(Path(config.node.journal_dir), self.node_id,
                                durable=config.node.durable_journal)
-        #: poll locks, heartbeats, leases and sequences: in state_dir or on a server (node.coordination)
-        self.coordination = open_coordination(config, open_transport)
+        try:
+            #: poll locks, heartbeats, leases and sequences: in state_dir or on a server
+            #: (node.coordination)
+            self.coordination = open_coordination(config, open_transport)
+        except BaseException:
+            self.journal.close()  # its lock would keep this node id in use until the process ends
+            raise
         self.sequences = self.coordination.sequences
         node = config.node
         # A server's file times are whole seconds: a beat may look up to one older than it is.

@@ -3,6 +3,14 @@
 Recovery, which decides each pending operation from the journal plus the server, belongs to
 the exchange layer (:mod:`ftpbc.exchange.recovery`)."""
 
-from ftpbc.journal.store import EndpointJournal, Journal, Operation, journal_problems
+from ftpbc.journal.store import (
+    EndpointJournal,
+    Journal,
+    Operation,
+    discard_unused_made,
+    forget_made,
+    journal_problems,
+)
 
-__all__ = ["EndpointJournal", "Journal", "Operation", "journal_problems"]
+__all__ = ["EndpointJournal", "Journal", "Operation", "discard_unused_made", "forget_made",
+           "journal_problems"]

@@ -795,6 +795,10 @@ class _Shared:
     users: dict[Path, int] = {}
     lock_fds: dict[Path, int] = {}
     endpoints: dict[Path, EndpointJournal] = {}
+    #: node directories a :class:`Journal` of this process created since :func:`forget_made`,
+    #: and the journal directories above them it created: what :func:`discard_unused_made` may remove
+    made_nodes: list[Path] = []
+    made_parents: list[Path] = []
 
 
 def _read_registry(path: Path) -> dict[str, str]:
@@ -812,22 +816,118 @@ def _read_registry(path: Path) -> dict[str, str]:
 
 def _acquire_node(directory: Path, node_id: str) -> bool:
     """Register one more user of ``directory``; True if it is the first in this process."""
-    import fcntl
-
     key = directory.resolve()
     with _Shared.lock:
         if _Shared.users.get(key, 0) == 0:
-            fd = open_private(key / ".lock", os.O_RDWR)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                raise JournalError(
-                    f"{key}: node id {node_id!r} is in use by another process on this host "
-                    "(give each node its own --node-id)") from None
-            _Shared.lock_fds[key] = fd
+            _Shared.lock_fds[key] = _lock_node(key, node_id)
         _Shared.users[key] = _Shared.users.get(key, 0) + 1
         return _Shared.users[key] == 1
+
+
+def _lock_node(key: Path, node_id: str) -> int:
+    """The descriptor of ``key/.lock``, flock-ed.  A lock file that another process removed
+    meanwhile, with the unused directory it discarded (:func:`discard_unused_made`), is no
+    lock: the directory and the file are made again and locked afresh."""
+    import fcntl
+
+    for _ in range(10):
+        try:
+            fd = open_private(key / ".lock", os.O_RDWR)
+        except FileNotFoundError:  # the directory was removed meanwhile
+            private_dir(key)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise JournalError(
+                f"{key}: node id {node_id!r} is in use by another process on this host "
+                "(give each node its own --node-id)") from None
+        try:
+            same = os.stat(key / ".lock").st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+        private_dir(key)
+    raise JournalError(f"{key}: cannot lock the journal directory: it keeps being removed")
+
+
+def forget_made() -> None:
+    """Start afresh: the directories made so far are no longer :func:`discard_unused_made`'s
+    to remove (a command starting in a process that ran others before it)."""
+    with _Shared.lock:
+        _Shared.made_nodes.clear()
+        _Shared.made_parents.clear()
+
+
+def discard_unused_made() -> list[Path]:
+    """Remove the node directories a :class:`Journal` of this process created (since
+    :func:`forget_made`) that hold no record, and the journal directory above one if this
+    process created that too and it is left empty.  Returns those removed.
+
+    For a start that failed (``ftpbc serve`` interrupted before it served, a command that
+    ended in an error): the directory it made would otherwise turn up among the node ids
+    ``ftpbc journal``, ``recover`` and ``status`` know.  Not called when a node or a client
+    closes normally: a node that served nothing keeps its directory.
+
+    A node directory is kept when a :class:`Journal` of this process still holds it, another
+    process holds its lock, or anything in it is more than its lock, its registry and the
+    empty journal files the registry names (a record, ended or not, a result, damage set
+    aside, a file of a newer version).  It is removed under its lock, the lock file last: a
+    process that opened the lock file before it went finds, once it has the lock, that the
+    file is gone, and makes the directory again (:func:`_lock_node`).  Best effort: what
+    cannot be removed stays.
+    """
+    removed: list[Path] = []
+    with _Shared.lock:
+        nodes, parents = list(_Shared.made_nodes), list(_Shared.made_parents)
+        _Shared.made_nodes.clear()
+        _Shared.made_parents.clear()
+        for node in nodes:
+            if not _Shared.users.get(node, 0) and _remove_unused_node(node):
+                removed.append(node)
+        for parent in parents:
+            try:
+                parent.rmdir()  # only if nothing is left in it
+            except OSError:
+                continue
+            removed.append(parent)
+    return removed
+
+
+def _remove_unused_node(key: Path) -> bool:
+    """Remove node directory ``key`` if it holds no record (see :func:`discard_unused_made`)."""
+    import fcntl
+
+    try:
+        fd = os.open(key / ".lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.stat(key / ".lock").st_ino != os.fstat(fd).st_ino:
+            return False
+        registered = set(_read_registry(key / "registry").values())
+        with os.scandir(key) as it:
+            entries = list(it)
+        for e in entries:
+            if e.name in (".lock", "registry"):
+                continue
+            if e.name not in registered or not e.is_file(follow_symlinks=False) \
+                    or e.stat(follow_symlinks=False).st_size:
+                return False
+        for e in entries:
+            if e.name != ".lock":
+                os.unlink(e.path)
+        os.unlink(key / ".lock")
+        os.rmdir(key)
+        return True
+    except OSError:  # locked by another process, or a file came or could not go: it stays
+        return False
+    finally:
+        os.close(fd)
 
 
 def _release_node(directory: Path) -> None:
@@ -871,12 +971,18 @@ class Journal:
     def __init__(self, journal_dir: Path, node_id: str, *, durable: bool = True) -> None:
         self.dir = Path(journal_dir) / node_id
         self.durable = durable
+        made_node, made_parent = not self.dir.exists(), not self.dir.parent.exists()
         try:
             private_dir(self.dir)
             _tighten_contents(self.dir)
         except OSError as exc:
             raise JournalError(f"{self.dir}: cannot create journal directory: {exc.strerror}") from None
         self.first = _acquire_node(self.dir, node_id)
+        with _Shared.lock:
+            if made_node and self.dir.resolve() not in _Shared.made_nodes:
+                _Shared.made_nodes.append(self.dir.resolve())
+            if made_parent and self.dir.parent.resolve() not in _Shared.made_parents:
+                _Shared.made_parents.append(self.dir.parent.resolve())
         self._closed = False
         self._lock = threading.Lock()
         self.registry_path = self.dir / "registry"

@@ -160,6 +160,8 @@ class Node:
         self._refused: ConfigError | None = None
         self._stop = threading.Event()
         self._sweep_thread: threading.Thread | None = None
+        #: whether :meth:`start` got as far as serving (False: it failed or was interrupted first)
+        self.served = False
 
     @property
     def node_id(self) -> str:
@@ -191,6 +193,7 @@ class Node:
         if self._stop.is_set():
             return
         self._serving(None)
+        self.served = True
         for poller in self.providers.values():
             poller.start()
         self._sweep_thread = threading.Thread(target=self._sweep_loop, name="sweeper", daemon=True)
