@@ -116,8 +116,10 @@ class Result:
 
 ENGINES = ("auto", "plain", "spark")
 #: ``auto`` computes in this process (the plain engine) up to this many listed archive files
-#: (about 2 per message), and with Spark above: the measured crossover, docs/aggregate.md "Engines"
-PLAIN_MAX_FILES = 400_000
+#: (about 2 per message), and with Spark above.  On the 2-core machine measured Spark was never
+#: faster up to a million messages, so the bound is the plain engine's memory (about half a KiB
+#: per file), not a crossover in time: docs/aggregate.md, "Engines" and "Performance"
+PLAIN_MAX_FILES = 2_500_000
 
 
 def count_files(inputs: Sequence[Input], limit: int) -> int:
@@ -166,6 +168,16 @@ def choose_engine(opts: Options, inputs: Sequence[Input], spark: Any = None) -> 
     if n <= limit:
         return "plain", f"{n} files listed, at most {limit}"
     return "spark", f"over {limit} files listed"
+
+
+def _has_entries(path: Path) -> bool:
+    """Whether ``path`` is a directory with anything in it; it reads one entry (``iterdir`` lists
+    the whole directory first: seconds for an archive folder of a million files)."""
+    try:
+        with os.scandir(path) as it:
+            return next(it, None) is not None
+    except (NotADirectoryError, FileNotFoundError):
+        return False
 
 
 def compacted_inputs(path: Path, endpoints: Sequence[str]) -> list[Input]:
@@ -228,7 +240,7 @@ def _run(opts: Options, spark: Any, display: Display) -> Result:
     for s in direct:
         for folder in folders:
             local = Path(s.server.base) / s.folder_path(folder).lstrip("/")
-            if local.is_dir() and any(local.iterdir()):
+            if _has_entries(local):
                 inputs.append(Input("dir", str(local), endpoint=s.endpoint, folder=folder))
     inputs += [Input("mirror", p, endpoint=s.endpoint)
                for s in mirrored for p in part_files(mirror_root, [s], folders)]

@@ -26,7 +26,7 @@ from ftpbc.errors import ConfigError
               help="Write figures, chart, listing mirror and compacted dataset into this directory.")
 @click.option("--engine", type=click.Choice(["auto", "plain", "spark"]), default="auto", show_default=True,
               help="Compute in this process (plain), with Spark (spark), or by size (auto: plain up to "
-                   "400,000 listed files, Spark above; --master means Spark).")
+                   "2,500,000 listed files, Spark above; --master means Spark).")
 @click.option("--master", default=None, help="Run on this Spark master URL (default local[*]); implies "
                                              "--engine spark.")
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE",
