@@ -77,14 +77,37 @@ def test_registry_maps_endpoints_to_stable_files(tmp_path: Path) -> None:
 
 
 def test_journal_is_emptied_when_nothing_is_pending(tmp_path: Path) -> None:
-    ep = Journal(tmp_path, "n").endpoint(ENDPOINT)
+    """A journal of ended operations only is emptied at once while nothing fsynced it since it
+    was last emptied (a sender's); once fsynced, only when it reaches TRUNCATE_AT bytes (a
+    truncation costs the next fsync a metadata commit) or is closed.  A reopened one finds
+    nothing pending either way."""
+    journal = Journal(tmp_path, "n")
+    ep = journal.endpoint(ENDPOINT)
     for i in range(50):
         ep.record(f"u{i}.send", "send", durable=True, stage="s", target="t")
     assert ep.path.stat().st_size > 0
     for i in range(50):
         ep.end(f"u{i}.send")
-    assert ep.path.stat().st_size == 0
     assert ep.pending() == []
+    assert 0 < ep.path.stat().st_size < store_module.TRUNCATE_AT  # kept: small, nothing pending
+    assert Journal.read_pending(tmp_path, "n") == {}
+    sizes = []
+    i = 50
+    while len(sizes) < 2 or sizes[-1] != 0:  # one message at a time until the file is emptied
+        ep.record(f"u{i}.send", "send", durable=False, stage="s" * 200, target="t")
+        ep.end(f"u{i}.send")
+        sizes.append(ep.path.stat().st_size)
+        i += 1
+        assert i < 10_000, "never truncated"
+    assert max(sizes) < store_module.TRUNCATE_AT + 1024  # truncated at the threshold, not later
+    ep.record("unsynced.send", "send", durable=False, stage="s", target="t")
+    ep.end("unsynced.send")
+    assert ep.path.stat().st_size == 0  # no fsync since it was emptied: emptied at once
+    ep.record("last.send", "send", durable=True, stage="s", target="t")
+    ep.end("last.send")
+    assert ep.path.stat().st_size > 0
+    journal.close()
+    assert ep.path.stat().st_size == 0  # a clean close leaves it empty
 
 
 def test_compaction_keeps_only_pending_operations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,8 +34,13 @@ What is not
     outcome only means recovery re-checks something that had already happened.
 
 Compaction
-    When no operation is pending the file is truncated; otherwise, past ``COMPACT_EVERY`` ended
-    operations it is rewritten (temporary file, fsync, rename) with only the pending records.
+    When no operation is pending the file is truncated: at once if no fsync ran since it was
+    last emptied (a sender's journal), else once it holds ``TRUNCATE_AT`` bytes or when the
+    journal is closed; otherwise, past
+    ``COMPACT_EVERY`` ended operations it is rewritten (temporary file, fsync, rename) with only
+    the pending records.  A file holding only ended operations is correct at any size (recovery
+    finds nothing pending in it); truncating it is housekeeping, and costly enough not to do after
+    every message (see ``TRUNCATE_AT``).
 
 File modes
     A journal holds message bodies (handler results, inline or in ``results/``), so it is private
@@ -69,6 +74,12 @@ from ftpbc.stamps import WholeSeconds
 log = logging.getLogger(__name__)
 
 COMPACT_EVERY = 2000
+#: bytes a journal that was fsynced may hold, with nothing pending, before it is truncated.
+#: Truncating after every message made each following fsync allocate the file's block again, a
+#: metadata commit of the filesystem's own journal (costlier than an fsync of appended data:
+#: docs/benchmarks.md, "Tenth pass"), and the truncation waits for that journal while it holds
+#: this one's lock.
+TRUNCATE_AT = 256 * 1024
 #: seconds a durable writer waits for an fsync another writer runs (JournalError after)
 SYNC_WAIT = 60.0
 INLINE_RESULT_LIMIT = 64 * 1024
@@ -403,6 +414,10 @@ class EndpointJournal:
         self._problems: list[str] = []
         self._pending: dict[str, Operation] = {}
         self._ended_since_compaction = 0
+        #: :meth:`close` is truncating the file whatever its size
+        self._closing = False
+        #: an fsync ran since the file was last emptied (see _truncate_due)
+        self._fsynced_since_empty = False
         self._load()
         if self._pending and self._legacy():
             self._rewrite()  # every record from here on carries its checksum (see read_journal)
@@ -549,7 +564,8 @@ class EndpointJournal:
                 self._apply(op_id, event, dict(fields))
             # Only a batch that ended operations can leave nothing pending or make compaction
             # due; any other skips taking the lock again below (every record of every message).
-            due = not self._pending or self._ended_since_compaction >= COMPACT_EVERY
+            due = ((not self._pending and self._truncate_due())
+                   or self._ended_since_compaction >= COMPACT_EVERY)
         if durable and self.durable:
             self._sync_through(seq)
         if due:
@@ -618,6 +634,7 @@ class EndpointJournal:
             target = self._written
             fd = self._fh.fileno()
             self.fsyncs += 1
+            self._fsynced_since_empty = True
         failed: OSError | None = None
         try:
             os.fsync(fd)
@@ -662,11 +679,18 @@ class EndpointJournal:
         """
         with self._lock:
             if (self._syncing or len(self._pending) != 1 or op_id not in self._pending
-                    or self._broken is not None):
+                    or self._broken is not None or not self._truncate_due()):
                 return False
             self._apply(op_id, "end", {})
             self._maybe_compact()
             return self._size == 0  # else the end record is appended after all
+
+    def _truncate_due(self) -> bool:
+        """Whether a file with nothing pending is to be emptied now (under ``_lock``): when it is
+        not empty and either no fsync ran since it was last emptied (a truncation costs little
+        but the fsync after it: a sender's journal, which never fsyncs, stays empty when idle)
+        or it holds ``TRUNCATE_AT`` bytes."""
+        return self._size > 0 and (not self._fsynced_since_empty or self._size >= TRUNCATE_AT)
 
     def _maybe_compact(self) -> None:
         """Compact if due (under ``_lock``, no fsync running).  Housekeeping: a compaction that fails (a full
@@ -685,9 +709,10 @@ class EndpointJournal:
             # Truncation needs no fsync: a resurrected stale record after a crash only makes
             # recovery re-check a finished operation, which is idempotent.
             # O_APPEND: the next write goes to the new end, no seek needed.
-            if self._size > 0:
+            if self._truncate_due() or self._closing:
                 self._fh.truncate(0)
                 self._size = 0
+                self._fsynced_since_empty = False
             self._ended_since_compaction = 0
             return
         if self._ended_since_compaction < COMPACT_EVERY:
@@ -778,7 +803,12 @@ class EndpointJournal:
             pass
 
     def close(self) -> None:
+        """Close the file, truncated first when nothing is pending (a node stopped cleanly
+        leaves empty journals behind)."""
         with self._lock:
+            if not self._pending and self._size > 0 and not self._syncing and self._broken is None:
+                self._closing = True
+                self._maybe_compact()
             self._fh.close()
 
 
