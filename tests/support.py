@@ -5,19 +5,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
 from ftpbc.model.message import Message
 from tests.servers.handle import ServerHandle
+
+if TYPE_CHECKING:
+    from ftpbc.sequences import SequenceStore
 
 T = TypeVar("T")
 
@@ -100,6 +105,100 @@ def server_yaml(handle: ServerHandle, password_env: str, base: str = "") -> dict
         entry["password_env"] = password_env
     entry.update({k: str(v) if isinstance(v, Path) else v for k, v in handle.options.items()})
     return entry
+
+
+# --------------------------------------------------------------------------- a node killed at a crash point
+
+#: handler module ``crashhandlers`` (``crashhandlers:upper``), written beside a test's
+#: configuration: each call appends the message's name to $CALLS_LOG, so a test counts the calls
+#: across the crashes and restarts of its node
+CRASH_HANDLERS = '''
+import os
+def upper(message):
+    with open(os.environ["CALLS_LOG"], "a") as log:
+        log.write(message.name + "\\n")
+    return message.body.upper()
+'''
+
+
+def handler_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of an ``ftpbc`` subprocess that imports handler modules from
+    ``tmp_path`` (:data:`CRASH_HANDLERS`) and the checkout, its calls logged in
+    ``tmp_path/calls.log``; ``extra`` added (``FTPBC_CRASH_AT=...``)."""
+    repo = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join(p for p in (str(tmp_path), repo, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, "CALLS_LOG": str(tmp_path / "calls.log"), **extra}
+
+
+def crash_area(server: ServerHandle, tmp_path: Path) -> tuple[str, Path]:
+    """A fresh directory on ``server`` with a partner's ``out`` directory in it (open to the
+    server's user), and :data:`CRASH_HANDLERS` written to ``tmp_path``; returns the remote
+    directory and the local path of ``out``."""
+    base = server.fresh_dir()
+    out = server.local(base) / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    (tmp_path / "crashhandlers.py").write_text(CRASH_HANDLERS, encoding="utf-8")
+    return base, out
+
+
+def run_until_killed(config: Path, tmp_path: Path, point: str, *args: str) -> None:
+    """Run ``ftpbc ARGS -c CONFIG`` with ``FTPBC_CRASH_AT=point`` (ftpbc.faults) and assert
+    that the crash point killed it (SIGKILL)."""
+    crashed = subprocess.run([*FTPBC, *args, "-c", str(config)], capture_output=True, timeout=60,
+                             env=handler_env(tmp_path, FTPBC_CRASH_AT=point), check=False)
+    assert crashed.returncode == -signal.SIGKILL, f"{point}: {crashed.stderr.decode()[-2000:]}"
+
+
+# --------------------------------------------------------------------------- processes drawing a sequence
+
+#: A child process drawing from global sequence NAME of a SequenceStore with THREADS threads.
+#: "burst": COUNT each, then prints them as JSON.  "loop": until killed, each value appended to
+#: LOG (one os.write) once next() returned.
+SEQUENCE_DRAWER = r"""
+import json, os, sys, threading
+sys.path.insert(0, sys.argv[1])
+from ftpbc.sequences import SequenceStore
+local, shared, name, mode, threads, count, log = sys.argv[2:9]
+store = SequenceStore(local, shared)
+out = []
+fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if mode == "loop" else -1
+def work():
+    for _ in range(int(count)) if mode == "burst" else iter(int, 1):
+        value = store.next("global", None, name)
+        if fd >= 0:
+            os.write(fd, b"%d\n" % value)
+        else:
+            out.append(value)
+ts = [threading.Thread(target=work, daemon=True) for _ in range(int(threads))]
+for t in ts: t.start()
+for t in ts: t.join()
+print(json.dumps(out))
+"""
+
+
+def spawn_drawer(store: SequenceStore, name: str, mode: str, threads: int, count: int, log: str = "-"
+                 ) -> subprocess.Popen[bytes]:
+    """A process running :data:`SEQUENCE_DRAWER` on ``store``'s files (stdout, stderr: pipes)."""
+    repo = str(Path(__file__).resolve().parent.parent)
+    return subprocess.Popen(
+        [sys.executable, "-c", SEQUENCE_DRAWER, repo, str(store.local_dir), str(store.shared_dir), name,
+         mode, str(threads), str(count), log],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+@contextmanager
+def reaped() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """A list to put child processes in: on the way out each still running is killed, and every
+    one is waited for (its pipes read, so that none blocks on a full one)."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=30)
 
 
 # --------------------------------------------------------------------------- an exchange area's files

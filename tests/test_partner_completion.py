@@ -23,15 +23,13 @@ import pytest
 from ftpbc.config.models import TransferConfig
 from ftpbc.model.message import Message
 from tests.servers.handle import ServerHandle
-from tests.support import wait_until
+from tests.support import crash_area, handler_env, run_until_killed, wait_until
 from tests.test_transfers import (
     CLI,
-    HANDLER_MODULE,
     REPO_ROOT,
     files,
     make_config,
     serving,
-    subprocess_env,
     write_yaml,
 )
 
@@ -156,12 +154,6 @@ def test_min_age_holds_a_file_until_its_listed_time_is_that_old(
 # --------------------------------------------------------------------------- markers and crashes
 
 
-def _serve_crashing(tmp_path: Path, config: Path, point: str) -> None:
-    crashed = subprocess.run([*CLI, "serve", "-c", str(config)], cwd=REPO_ROOT, capture_output=True,
-                             timeout=60, env=subprocess_env(tmp_path, FTPBC_CRASH_AT=point))
-    assert crashed.returncode == -signal.SIGKILL, f"{point}: {crashed.stderr.decode()[-2000:]}"
-
-
 @pytest.mark.parametrize(("kind", "point"), [(k, "serve.after-commit") for k in PARTNER_KINDS]
                          + [("pyftpdlib", "serve.after-result")])
 def test_node_killed_between_settling_a_file_and_its_marker_delivers_once(
@@ -171,18 +163,14 @@ def test_node_killed_between_settling_a_file_and_its_marker_delivers_once(
     marker outlives the crash, the restarted node delivers every result once, never runs the
     handler twice, and removes every marker."""
     server: ServerHandle = request.getfixturevalue(f"{kind}_server")
-    base = server.fresh_dir()
-    out = server.local(base) / "out"
-    out.mkdir()
-    out.chmod(0o777)
-    (tmp_path / "crashhandlers.py").write_text(HANDLER_MODULE, encoding="utf-8")
+    base, out = crash_area(server, tmp_path)
     config = write_yaml(tmp_path, server, {"up": {
         "receive_from": f"{base}/out/F%*.txt", "handler": "crashhandlers:upper", "workers": 1,
         "send_to": f"{base}/in/%f", "done_file": "%f.done"}})
     for i in range(3):
         (out / f"F{i}.txt").write_bytes(f"file {i}".encode())
         (out / f"F{i}.txt.done").write_bytes(b"")
-    _serve_crashing(tmp_path, config, f"{point}@2")
+    run_until_killed(config, tmp_path, f"{point}@2", "serve")
     calls = (tmp_path / "calls.log").read_text().split()
     assert len(calls) == 2
     crashed = calls[1]
@@ -194,7 +182,7 @@ def test_node_killed_between_settling_a_file_and_its_marker_delivers_once(
     log = tmp_path / "node.log"
     with open(log, "wb") as sink:
         proc = subprocess.Popen([*CLI, "serve", "-c", str(config)], cwd=REPO_ROOT, stdout=sink, stderr=sink,
-                                env=subprocess_env(tmp_path))
+                                env=handler_env(tmp_path))
     try:
         wait_until(lambda: len(list(inbox.glob("F*.txt"))) == 3 and not list(out.glob("*.done")),
                    timeout=30, what="all three results and no marker left")
@@ -268,7 +256,7 @@ def test_bad_done_file_is_one_line_naming_the_key(tmp_path: Path, done_file: str
         "transfers:\n  orders:\n    server: files\n    receive_from: /out/ORD_%*.xml\n"
         f"    done_file: '{done_file}'\n", encoding="utf-8")
     proc = subprocess.run([*CLI, "check", "-c", str(config)], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=60, env=subprocess_env(tmp_path))
+                          text=True, timeout=60, env=handler_env(tmp_path))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,35 +20,10 @@ from filelock import FileLock
 from ftpbc import sequences as sequences_module
 from ftpbc.errors import SequenceError
 from ftpbc.sequences import SequenceStore
-from tests.support import wait_until
+from tests.support import reaped, spawn_drawer, wait_until
 
-ROOT = str(Path(__file__).resolve().parent.parent)
 NAME = "batched"
 THREADS = 12
-
-#: Draws from global sequence NAME with THREADS threads.  "burst": COUNT each, then prints them
-#: as JSON.  "loop": until killed, each value appended to LOG (one os.write) once next() returned.
-CHILD = r"""
-import json, os, sys, threading
-sys.path.insert(0, sys.argv[1])
-from ftpbc.sequences import SequenceStore
-local, shared, name, mode, threads, count, log = sys.argv[2:9]
-store = SequenceStore(local, shared)
-out = []
-fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if mode == "loop" else -1
-def work():
-    for _ in range(int(count)) if mode == "burst" else iter(int, 1):
-        value = store.next("global", None, name)
-        if fd >= 0:
-            os.write(fd, b"%d\n" % value)
-        else:
-            out.append(value)
-ts = [threading.Thread(target=work, daemon=True) for _ in range(int(threads))]
-for t in ts: t.start()
-for t in ts: t.join()
-print(json.dumps(out))
-"""
-
 
 @pytest.fixture
 def store(tmp_path: Path) -> SequenceStore:
@@ -58,20 +32,8 @@ def store(tmp_path: Path) -> SequenceStore:
 
 @pytest.fixture
 def children() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=30)
-
-
-def spawn(store: SequenceStore, mode: str, threads: int, count: int, log: str = "-"
-          ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-c", CHILD, ROOT, str(store.local_dir), str(store.shared_dir), NAME, mode,
-         str(threads), str(count), log],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with reaped() as procs:
+        yield procs
 
 
 class HeldWrites:
@@ -229,7 +191,7 @@ def test_a_draw_waits_for_another_threads_batch_only_so_long(
 @pytest.mark.timeout(180)
 def test_four_processes_of_many_threads_draw_unique_consecutive_values(
         store: SequenceStore, children: list[subprocess.Popen[bytes]]) -> None:
-    children.extend(spawn(store, "burst", 8, 60) for _ in range(4))
+    children.extend(spawn_drawer(store, NAME, "burst", 8, 60) for _ in range(4))
     values: list[int] = []
     for proc in children:
         out, err = proc.communicate(timeout=150)
@@ -252,7 +214,7 @@ def test_kill_9_of_processes_drawing_in_batches_never_repeats_a_value(
                 for line in log.read_text().split("\n")[:-1]]  # a line being written is left out
 
     for round_ in range(3):
-        procs = [spawn(store, "loop", 6, 0, str(log)) for log in logs]
+        procs = [spawn_drawer(store, NAME, "loop", 6, 0, str(log)) for log in logs]
         children.extend(procs)
         target = len(handed_out()) + 150 + 50 * round_
         wait_until(lambda target=target: len(handed_out()) >= target,  # type: ignore[misc]

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,34 +15,7 @@ from filelock import FileLock
 
 from ftpbc.errors import SequenceError
 from ftpbc.sequences import SequenceStore, endpoint_uuid
-from tests.support import wait_until
-
-ROOT = str(Path(__file__).resolve().parent.parent)
-
-# A child process: draws from one global sequence with THREADS threads, COUNT values each.
-# Mode "burst" prints every value as JSON at the end; mode "loop" appends each value to LOG as
-# soon as next() returned it (line-buffered, flushed) and runs until killed.
-CHILD = r"""
-import json, os, sys, threading
-sys.path.insert(0, sys.argv[1])
-from ftpbc.sequences import SequenceStore
-local, shared, name, mode, threads, count, log = sys.argv[2:9]
-store = SequenceStore(local, shared)
-if mode == "burst":
-    out = []
-    def work():
-        got = [store.next("global", None, name) for _ in range(int(count))]
-        out.extend(got)
-    ts = [threading.Thread(target=work) for _ in range(int(threads))]
-    for t in ts: t.start()
-    for t in ts: t.join()
-    print(json.dumps(out))
-else:
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    while True:
-        value = store.next("global", None, name)
-        os.write(fd, b"%d\n" % value)
-"""
+from tests.support import reaped, spawn_drawer, wait_until
 
 
 @pytest.fixture
@@ -53,20 +25,8 @@ def store(tmp_path: Path) -> SequenceStore:
 
 @pytest.fixture
 def children() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
-
-
-def spawn(store: SequenceStore, name: str, mode: str, threads: int, count: int, log: str = "-",
-          ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-c", CHILD, ROOT, str(store.local_dir), str(store.shared_dir), name, mode,
-         str(threads), str(count), log],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with reaped() as procs:
+        yield procs
 
 
 # ----------------------------------------------------------------------------- file format
@@ -167,7 +127,7 @@ def test_threads_of_one_process_never_share_a_value(store: SequenceStore) -> Non
 @pytest.mark.timeout(120)
 def test_four_processes_of_two_threads_draw_4000_consecutive_values(
         store: SequenceStore, children: list[subprocess.Popen[bytes]]) -> None:
-    children.extend(spawn(store, "shared-seq", "burst", 2, 500) for _ in range(4))
+    children.extend(spawn_drawer(store, "shared-seq", "burst", 2, 500) for _ in range(4))
     values: list[int] = []
     for proc in children:
         out, err = proc.communicate(timeout=100)
@@ -187,7 +147,7 @@ def test_sigkill_while_incrementing_never_tears_the_file_nor_repeats_a_value(
         return [int(line) for log in logs if log.exists() for line in log.read_text().split()]
 
     for round_ in range(6):
-        procs = [spawn(store, "crashy", "loop", 1, 0, str(log)) for log in logs]
+        procs = [spawn_drawer(store, "crashy", "loop", 1, 0, str(log)) for log in logs]
         children.extend(procs)
         # Let every child hand out values (more each round), then kill them all mid-loop at once.
         target = len(handed_out()) + 30 + 37 * round_

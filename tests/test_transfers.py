@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -20,16 +19,13 @@ from ftpbc.client import Client
 from ftpbc.config.models import Config
 from ftpbc.model.message import Message
 from ftpbc.node.serve import Handler, Node
+from tests.cluster import node_section
 from tests.servers.handle import ServerHandle
-from tests.support import wait_until
+from tests.support import crash_area, handler_env, run_until_killed, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FAST = {"poll_interval": 0.05, "stable_for": 0.2}
 CLI = [sys.executable, "-c", "from ftpbc.cli import main; main()"]
-
-
-def node_section(workdir: Path, node_id: str) -> dict[str, str]:
-    return {"id": node_id, "state_dir": str(workdir / "state"), "journal_dir": str(workdir / "journals")}
 
 
 def make_config(handle: ServerHandle, workdir: Path, node_id: str,
@@ -199,7 +195,7 @@ def test_cli_send_to_a_transfer(server: ServerHandle, tmp_path: Path) -> None:
     config = write_yaml(tmp_path, server, {"up": {"send_to": f"{base}/in/%u.txt"}})
     proc = subprocess.run([*CLI, "send", "-c", str(config), "up", "--data", "hi"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
-                          env=subprocess_env(tmp_path))
+                          env=handler_env(tmp_path))
     assert proc.returncode == 0, proc.stderr
     printed = proc.stdout.strip()
     assert re.fullmatch(rf"{base}/in/[0-9a-f-]{{36}}\.txt", printed)
@@ -207,20 +203,6 @@ def test_cli_send_to_a_transfer(server: ServerHandle, tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- crash
-
-
-HANDLER_MODULE = '''
-import os
-def upper(message):
-    with open(os.environ["CALLS_LOG"], "a") as log:
-        log.write(message.name + "\\n")
-    return message.body.upper()
-'''
-
-
-def subprocess_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    path = os.pathsep.join(p for p in (str(tmp_path), str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path, "CALLS_LOG": str(tmp_path / "calls.log"), **extra}
 
 
 def write_yaml(tmp_path: Path, handle: ServerHandle, transfers: dict[str, dict[str, Any]]) -> Path:
@@ -250,22 +232,12 @@ SEND_POINTS = ["send.after-intent", "send.after-put", "send.after-expose"]
 def _crash_setup(request: pytest.FixtureRequest, kind: str, tmp_path: Path,
                  send_to: str = "in/%f") -> tuple[ServerHandle, str, Path]:
     server: ServerHandle = request.getfixturevalue(f"{kind}_server")
-    base = server.fresh_dir()
-    out = server.local(base) / "out"
-    out.mkdir()
-    out.chmod(0o777)
-    (tmp_path / "crashhandlers.py").write_text(HANDLER_MODULE, encoding="utf-8")
+    base, _ = crash_area(server, tmp_path)
     config = write_yaml(tmp_path, server, {"up": {
         "receive_from": f"{base}/out/F%*.txt", "handler": "crashhandlers:upper", "workers": 1,
         "send_to": f"{base}/{send_to}", "pre_send": "rename", "post_send": "rename",
         "post_send_to": "%p/%f.ok"}})
     return server, base, config
-
-
-def _run_crashing(config: Path, tmp_path: Path, point: str, *args: str) -> None:
-    crashed = subprocess.run([*CLI, *args, "-c", str(config)], cwd=REPO_ROOT, capture_output=True,
-                             timeout=60, env=subprocess_env(tmp_path, FTPBC_CRASH_AT=point))
-    assert crashed.returncode == -signal.SIGKILL, f"{point}: {crashed.stderr.decode()[-2000:]}"
 
 
 @pytest.mark.parametrize("point", RECEIVE_POINTS + RECOVERY_POINTS)
@@ -279,16 +251,16 @@ def test_receiving_node_killed_at_every_point_loses_and_duplicates_nothing(
     for i in range(3):
         (out / f"F{i}.txt").write_bytes(f"file {i}".encode())
     first = "serve.after-result@2" if point in RECOVERY_POINTS else f"{point}@2"
-    _run_crashing(config, tmp_path, first, "serve")
+    run_until_killed(config, tmp_path, first, "serve")
     inbox = server.local(base) / "in"
     assert len(list(inbox.glob("*.ok"))) <= 1 + (point == "serve.after-expose")
     if point in RECOVERY_POINTS:
-        _run_crashing(config, tmp_path, point, "recover")
+        run_until_killed(config, tmp_path, point, "recover")
 
     log = tmp_path / "node.log"
     with open(log, "wb") as sink:
         proc = subprocess.Popen([*CLI, "serve", "-c", str(config)], cwd=REPO_ROOT, stdout=sink, stderr=sink,
-                                env=subprocess_env(tmp_path))
+                                env=handler_env(tmp_path))
     try:
         wait_until(lambda: len(list(inbox.glob("*.ok"))) == 3, timeout=30, what="all three results")
     finally:
@@ -311,9 +283,9 @@ def test_sender_killed_at_every_point_leaves_nothing_torn(
     """``ftpbc send`` to a transfer killed at each step, then recovered: the file is either not
     there at all (never acknowledged) or complete under its final name; no stage file is left."""
     server, base, config = _crash_setup(request, kind, tmp_path, send_to="in/S%u.txt")
-    _run_crashing(config, tmp_path, point, "send", "up", "--data", "hello partner")
+    run_until_killed(config, tmp_path, point, "send", "up", "--data", "hello partner")
     recovered = subprocess.run([*CLI, "recover", "-c", str(config)], cwd=REPO_ROOT, capture_output=True,
-                               timeout=60, env=subprocess_env(tmp_path))
+                               timeout=60, env=handler_env(tmp_path))
     assert recovered.returncode == 0, recovered.stderr.decode()[-2000:]
     inbox = server.local(base) / "in"
     landed = files(inbox) if inbox.exists() else {}
