@@ -262,3 +262,40 @@ def test_auto_engine_counts_the_listed_files_against_its_threshold(tmp_path: Pat
     with pytest.raises(ConfigError, match="--engine 'fast'"):
         choose_engine(Options(sources=[], out=tmp_path, engine="fast"), inputs)
 
+
+
+def test_json_phase_lines_and_the_provenance_table_from_the_command_line(
+        config_file: Path, pyftpdlib_server: ServerHandle, tmp_path: Path) -> None:
+    """``--log-format json --provenance`` on the plain engine (no Spark): each phase one JSON
+    object on stderr, in order, each with its counts; the table has a row per request."""
+    sources = sources_from_config(load_config(config_file))
+    messages = synthetic.plan(sources, 10, test_aggregate.START, test_aggregate.SPAN, seed=3)
+    root = str(pyftpdlib_server.root)
+    synthetic.write(LocalTransport(root, durable=False), sources, messages,
+                    synthetic.local_mtime_setter(root))
+    out = tmp_path / "out"
+
+    result = main_in_process("aggregate", "-c", str(config_file), "--out", str(out), "--engine", "plain",
+                             "--provenance", "--log-format", "json")
+
+    assert result.returncode == 0, result.stderr
+    import json
+
+    lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    phases = [x for x in lines if x.get("event") == "phase"]
+    assert [p["phase"] for p in phases] == ["listing", "engine", "figures", "outputs", "provenance"]
+    assert all(p["logger"] == "ftpbc.aggregate" and p["counts"] for p in phases)
+    assert phases[0]["counts"]["endpoints"] == 3
+    assert phases[2]["counts"]["requests"] == len(messages)
+    assert phases[-1]["counts"] == {"requests": len(messages)}
+    assert result.stdout.splitlines()[-1].endswith(f"; provenance: {out / 'provenance'}")
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(out / "provenance").to_pylist()
+    assert sorted(r["id"] for r in table) == sorted(m.uuid for m in messages)
+    # Every fate has its outcome (a reply archived, swept or unreadable, is an answer), those
+    # answered through reply_to (the synthetic plan has some) included.
+    assert any(m.reply_to is not None for m in messages)
+    fates = {"answered": "answered", "uncollected": "answered", "unreadable": "answered",
+             "failed": "error", "unanswered": "unanswered"}
+    assert {r["id"]: r["outcome"] for r in table} == {m.uuid: fates[m.fate] for m in messages}
