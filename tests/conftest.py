@@ -26,6 +26,10 @@ ALL_SERVERS = ["local", "sshd", "pyftpdlib", "pyftpdlib_ftps", "vsftpd"]
 #: at the transport boundary there, the lifecycle suites rely on without running again on each
 EXTRA_CONFORMANCE_SERVERS = ["proftpd", "proftpd_ftps", "pureftpd", "pureftpd_tls"]
 CONFORMANCE_SERVERS = ALL_SERVERS + EXTRA_CONFORMANCE_SERVERS
+#: servers only the tests of a plain login refused for want of TLS use (tests/test_cli_diagnostics.py)
+TLS_ONLY_SERVERS = ["vsftpd_tls"]
+#: every server kind a test may be parametrised with
+SERVER_KINDS = CONFORMANCE_SERVERS + TLS_ONLY_SERVERS
 
 
 @pytest.fixture(params=ALL_SERVERS)
@@ -79,7 +83,7 @@ def _server_of(item: pytest.Item) -> str | None:
     callspec = getattr(item, "callspec", None)
     if callspec is None:
         return None
-    kinds = [v for v in callspec.params.values() if isinstance(v, str) and v in CONFORMANCE_SERVERS]
+    kinds = [v for v in callspec.params.values() if isinstance(v, str) and v in SERVER_KINDS]
     return kinds[0] if kinds else None
 
 
@@ -118,7 +122,7 @@ def _fast_key(item: pytest.Item) -> tuple[str, str, str]:
     """The test with every parameter but its server."""
     callspec = getattr(item, "callspec", None)
     rest = sorted((k, repr(v)) for k, v in (callspec.params.items() if callspec else ())
-                  if not (isinstance(v, str) and v in CONFORMANCE_SERVERS))
+                  if not (isinstance(v, str) and v in SERVER_KINDS))
     return (item.nodeid.split("[", 1)[0], getattr(item, "originalname", item.name), repr(rest))
 
 

@@ -162,37 +162,54 @@ def test_collecting_what_another_client_collected_says_where_it_was_archived(ser
 # --------------------------------------------------------------------------- plain FTP, TLS required
 
 
-@pytest.fixture
-def plain_to_tls(pyftpdlib_ftps_server: ServerHandle, tmp_path: Path) -> Path:
-    """A configuration naming the TLS-only server with a plain ftp:// URL."""
-    handle = pyftpdlib_ftps_server
+#: the servers that require TLS, and how each refuses a plain login (vsftpd, proftpd and
+#: pure-ftpd: the daemons, configured for TLS only in tests/servers/)
+TLS_ONLY = {"pyftpdlib_ftps": "550 SSL/TLS required on the control channel",
+            "vsftpd_tls": "530 Non-anonymous sessions must use encryption",
+            "proftpd_ftps": "550 SSL/TLS required on the control channel",
+            "pureftpd_tls": "421-Sorry, cleartext sessions",  # the first line of a multi-line reply
+            }
+
+
+@dataclasses.dataclass
+class PlainToTLS:
+    config: Path
+    #: the start of the server's refusal
+    refusal: str
+
+
+@pytest.fixture(params=sorted(TLS_ONLY))
+def plain_to_tls(request: pytest.FixtureRequest, tmp_path: Path) -> PlainToTLS:
+    """A configuration naming a TLS-only server with a plain ftp:// URL."""
+    handle: ServerHandle = request.getfixturevalue(f"{request.param}_server")
     plain = dataclasses.replace(handle, url=handle.url.replace("ftps://", "ftp://"), options={})
     repo = f"{handle.fresh_dir()}/quote"
-    return write_config(tmp_path / "ftpbc.yaml", plain, tmp_path, {"quote": {"repository": repo}})
+    config = write_config(tmp_path / "ftpbc.yaml", plain, tmp_path, {"quote": {"repository": repo}})
+    return PlainToTLS(config, TLS_ONLY[request.param])
 
 
-def test_check_of_plain_ftp_against_a_tls_only_server_names_the_cause_once(plain_to_tls: Path) -> None:
-    result = run_ftpbc("check", "-c", str(plain_to_tls), env=clean_env())
+def test_check_of_plain_ftp_against_a_tls_only_server_names_the_cause_once(plain_to_tls: PlainToTLS) -> None:
+    result = run_ftpbc("check", "-c", str(plain_to_tls.config), env=clean_env())
     assert result.returncode == 1, result.stderr
     [failed] = [line for line in result.stderr.splitlines() if line.strip()]
     assert failed.startswith("ftpbc: check failed: server srv (ftp://"), failed
-    assert ("TLS failed: the server requires TLS (an ftps:// URL): 550 SSL/TLS required on the control "
-            "channel") in failed, failed
+    assert f"TLS failed: the server requires TLS (an ftps:// URL): {plain_to_tls.refusal}" in failed, failed
     # refused at the login: no directory of the exchange area was tried
     assert "/quote" not in result.stderr and "inbox" not in result.stderr
     assert "not checked (server srv failed)" in result.stdout
 
 
 def test_request_of_plain_ftp_against_a_tls_only_server_fails_at_the_first_refusal(
-        plain_to_tls: Path) -> None:
-    result = run_ftpbc("request", "-c", str(plain_to_tls), "--node-id", "cli", "quote", "--data", "x",
+        plain_to_tls: PlainToTLS) -> None:
+    result = run_ftpbc("request", "-c", str(plain_to_tls.config), "--node-id", "cli", "quote", "--data", "x",
                        "--log-format", "json", "--log-level", "debug", env=clean_env())
     assert result.returncode == 2, result.stderr
     *logged, last = json_records(result.stderr)
-    assert last["error"] == "TLSFailed" and "550 SSL/TLS required" in last["message"], last
+    assert last["error"] == "TLSFailed" and plain_to_tls.refusal in last["message"], last
     assert "requires TLS (an ftps:// URL)" in last["message"]
     # nothing was tried after the login's refusal: not a directory made, not a file sent
-    assert [r for r in logged if "SSL/TLS" in r["message"]] == [], logged
+    code = plain_to_tls.refusal[:3]
+    assert [r for r in logged if code in r["message"]] == [], logged
 
 
 # --------------------------------------------------------------------------- journal directories

@@ -13,8 +13,8 @@ from ftpbc.config.servers import ServerConfig
 
 @dataclass
 class ServerHandle:
-    #: "local", "pyftpdlib", "pyftpdlib_ftps", "vsftpd", "sshd", "proftpd", "proftpd_ftps",
-    #: "pureftpd" or "pureftpd_tls" (the fixture's name without "_server")
+    #: "local", "pyftpdlib", "pyftpdlib_ftps", "vsftpd", "vsftpd_tls", "sshd", "proftpd",
+    #: "proftpd_ftps", "pureftpd" or "pureftpd_tls" (the fixture's name without "_server")
     kind: str
     #: the directory on this machine that remote "/" maps to (the URL's base)
     root: Path

@@ -9,6 +9,10 @@ chrooted into a temporary root outside pytest's root-only temp tree, so remote `
 
 vsftpd has no MLSD, so this server is what exercises the LIST fallback.
 
+``vsftpd_tls_server`` is the same with TLS required of every login (``force_local_logins_ssl``),
+its certificate signed by ``tls_material``'s CA; the tests of what a plain ``ftp://`` URL meets
+there use it, the conformance suite does not.
+
 Controls: ``drop_connections`` kills the per-session vsftpd processes (the listener stays),
 ``restart`` stops and starts the listener on the same port.
 
@@ -33,6 +37,7 @@ import pytest
 
 from tests.servers.handle import ServerHandle
 from tests.servers.process import ListeningProcess, ServerInstance, accepts, gone, require_root
+from tests.servers.pyftpd import TLSMaterial
 from tests.support import free_port, require_binary, wait_until
 
 #: user and PAM service names get a per-run suffix: parallel test runs must not reset each
@@ -81,7 +86,8 @@ class VsftpdProcess(ListeningProcess):
         wait_until(lambda: all(gone(h) for h in helpers), timeout=5, what="vsftpd session helpers to die")
 
 
-def _config(root: Path, workdir: Path, port: int, pam_service: str, address: str = "127.0.0.1") -> str:
+def _config(root: Path, workdir: Path, port: int, pam_service: str, address: str = "127.0.0.1",
+            tls: TLSMaterial | None = None) -> str:
     settings = {
         "listen": "YES",
         "listen_ipv6": "NO",
@@ -124,6 +130,12 @@ def _config(root: Path, workdir: Path, port: int, pam_service: str, address: str
         "ssl_enable": "NO",
         "ftpd_banner": "ftpbc test vsftpd ready",
     }
+    if tls is not None:
+        # TLS required of every login, on control and data, as a careful partner runs it; the
+        # ciphers named, since vsftpd's own default is one that current OpenSSL no longer offers.
+        settings.update({"ssl_enable": "YES", "force_local_logins_ssl": "YES", "force_local_data_ssl": "YES",
+                         "rsa_cert_file": str(tls.cert_file), "rsa_private_key_file": str(tls.key_file),
+                         "ssl_ciphers": "HIGH"})
     return "".join(f"{k}={v}\n" for k, v in settings.items())
 
 
@@ -141,10 +153,22 @@ def vsftpd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHa
         yield handle
 
 
+@pytest.fixture(scope="session")
+def vsftpd_tls_server(tmp_path_factory: pytest.TempPathFactory,
+                      tls_material: TLSMaterial) -> Iterator[ServerHandle]:
+    """vsftpd with ``force_local_logins_ssl``: a plain login is refused with 530 (ftps:// only)."""
+    binary = require_binary("vsftpd", "/usr/sbin/vsftpd")
+    for tool in ("useradd", "userdel", "chpasswd"):
+        require_binary(tool, f"/usr/sbin/{tool}")
+    require_root("vsftpd", "it creates a login user and chroots")
+    with running_vsftpd(binary, tmp_path_factory.mktemp("vsftpd-tls"), label="tls", tls=tls_material) as v:
+        yield v.handle("vsftpd_tls", scheme="ftps", options={"ca_file": tls_material.ca_file})
+
+
 @contextmanager
 def running_vsftpd(binary: str, workdir: Path, *, label: str = "test",
                    process_class: Callable[..., VsftpdProcess] = VsftpdProcess,
-                   address: str = "127.0.0.1") -> Iterator[ServerInstance]:
+                   address: str = "127.0.0.1", tls: TLSMaterial | None = None) -> Iterator[ServerInstance]:
     """A real vsftpd on a free port of ``address`` (loopback), with its own login user, PAM service
     and root.
 
@@ -178,7 +202,7 @@ def running_vsftpd(binary: str, workdir: Path, *, label: str = "test",
 
         port = free_port()
         config = workdir / "vsftpd.conf"
-        config.write_text(_config(root, workdir, port, pam_file.name, address))
+        config.write_text(_config(root, workdir, port, pam_file.name, address, tls))
         server = process_class(binary=binary, config=config, port=port, log=workdir / "stderr.log",
                                address=address)
         server.start()
