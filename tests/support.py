@@ -22,6 +22,8 @@ from ftpbc.model.message import Message
 from tests.servers.handle import ServerHandle
 
 if TYPE_CHECKING:
+    from ftpbc.client import Client
+    from ftpbc.config.models import Config
     from ftpbc.sequences import SequenceStore
 
 T = TypeVar("T")
@@ -105,6 +107,26 @@ def server_yaml(handle: ServerHandle, password_env: str, base: str = "") -> dict
         entry["password_env"] = password_env
     entry.update({k: str(v) if isinstance(v, Path) else v for k, v in handle.options.items()})
     return entry
+
+
+# --------------------------------------------------------------------------- a node and a client in process
+
+
+@contextmanager
+def echo_client(config: Config, handler: Callable[[Message], bytes | str]) -> Iterator[Client]:
+    """Node ``prov`` serving endpoint ``echo`` with ``handler``, and a Client ``cli`` for the
+    test's requests; on the way out, also after a failed assertion, the node must stop clean
+    (no claim left for recovery or the lease)."""
+    from ftpbc.client import Client
+    from ftpbc.node.serve import Node
+
+    node = Node(config.with_node_id("prov"), handlers={"echo": handler})
+    node.start()
+    try:
+        with Client(config.with_node_id("cli")) as client:
+            yield client
+    finally:
+        assert node.stop() is True
 
 
 # --------------------------------------------------------------------------- a node killed at a crash point

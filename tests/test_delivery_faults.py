@@ -19,12 +19,11 @@ from typing import Any
 import pytest
 from pyftpdlib.handlers import FTPHandler
 
-from ftpbc.client import Client
 from ftpbc.embedded import EmbeddedFTPServer
 from ftpbc.errors import RemoteHandlerError
 from ftpbc.model.message import Message
 from ftpbc.node.serve import Node
-from tests.support import embedded_config, wait_until
+from tests.support import echo_client, embedded_config, wait_until
 
 
 class ClaimReads(EmbeddedFTPServer):
@@ -81,13 +80,8 @@ def test_reads_on_dying_sessions_are_not_deliveries(claim_reads: ClaimReads, tmp
         counts.append(message.headers.delivery_count)
         return b"re:" + message.body
 
-    node = Node(config.with_node_id("prov"), handlers={"echo": handler})
-    node.start()
-    try:
-        with Client(config.with_node_id("cli")) as client:
-            assert client.request("echo", b"once", timeout=60) == b"re:once"
-    finally:
-        assert node.stop() is True
+    with echo_client(config, handler) as client:
+        assert client.request("echo", b"once", timeout=60) == b"re:once"
     assert claim_reads.refused == 12, "the fault was not injected as often as asked"
     assert counts == [0]  # handled once, as its first delivery
     assert _box(tmp_path, "inerror") == [] and _box(tmp_path, "indead") == []
@@ -100,16 +94,11 @@ def test_a_request_filed_unread_answers_its_caller_at_once(claim_reads: ClaimRea
     claim_reads.reply = "550 Permission denied."
     config = _config(claim_reads.port, tmp_path, max_deliveries=2, redelivery_delay=0.05)
     ran: list[str] = []
-    node = Node(config.with_node_id("prov"), handlers={"echo": lambda m: ran.append(m.name) or b""})
-    node.start()
-    try:
-        with Client(config.with_node_id("cli")) as client:
-            started = time.monotonic()
-            with pytest.raises(RemoteHandlerError) as caught:
-                client.request("echo", b"unreadable", timeout=120)
-            waited = time.monotonic() - started
-    finally:
-        assert node.stop() is True
+    with echo_client(config, lambda m: ran.append(m.name) or b"") as client:
+        started = time.monotonic()
+        with pytest.raises(RemoteHandlerError) as caught:
+            client.request("echo", b"unreadable", timeout=120)
+        waited = time.monotonic() - started
     assert "delivery 2 of 2 failed" in caught.value.reason and "PermissionDenied" in caught.value.reason
     assert waited < 60, f"the caller waited {waited:.1f} s for an answer no node would give"
     assert not ran

@@ -17,7 +17,7 @@ from ftpbc.embedded import EmbeddedFTPServer
 from ftpbc.journal import Journal
 from ftpbc.model.message import Message
 from ftpbc.node.serve import Node
-from tests.support import embedded_config
+from tests.support import echo_client, embedded_config
 
 
 class DropFirstCommit(EmbeddedFTPServer):
@@ -121,13 +121,8 @@ def test_commit_rename_whose_reply_is_lost_is_retried_not_withheld(server: DropF
         calls.append(message.name)
         return b"re:" + message.body
 
-    node = Node(config.with_node_id("prov"), handlers={"echo": handler})
-    node.start()
-    try:
-        with Client(config.with_node_id("cli")) as client:
-            assert client.request("echo", b"once", timeout=20) == b"re:once"
-    finally:
-        assert node.stop() is True
+    with echo_client(config, handler) as client:
+        assert client.request("echo", b"once", timeout=20) == b"re:once"
     assert server.fired.is_set(), "the fault was never injected"
     assert len(calls) == 1  # the handler ran once; its recorded result was committed after the drop
     root = tmp_path / "root" / "ex" / "echo"
@@ -141,15 +136,12 @@ def test_response_read_then_archive_reply_lost_is_still_delivered(tmp_path: Path
     server = ArchiveThenDrop(tmp_path / "root", password="pw")
     server.start()
     config = embedded_config(server.port, tmp_path)
-    node = Node(config.with_node_id("prov"), handlers={"echo": lambda m: b"re:" + m.body})
-    node.start()
     try:
-        with Client(config.with_node_id("cli")) as client:
+        with echo_client(config, lambda m: b"re:" + m.body) as client:
             assert client.request("echo", b"keep", timeout=20) == b"re:keep"
             assert server.fired.is_set(), "the fault was never injected"
             assert client.request("echo", b"next", timeout=20) == b"re:next"
     finally:
-        assert node.stop() is True
         server.stop()
     root = tmp_path / "root" / "ex" / "echo"
     archived = sorted(p.name.split("~")[0] for p in (root / "outarchive").iterdir())
@@ -199,13 +191,10 @@ def test_request_read_short_with_success_reply_never_reaches_the_handler(tmp_pat
         bodies.append(message.body)
         return b"re:" + bodies[-1]
 
-    node = Node(config.with_node_id("prov"), handlers={"echo": handler})
-    node.start()
     try:
-        with Client(config.with_node_id("cli")) as client:
+        with echo_client(config, handler) as client:
             assert client.request("echo", b"the whole body", timeout=20) == b"re:the whole body"
     finally:
-        assert node.stop() is True
         server.stop()
     assert server.fired.is_set(), "the fault was never injected"
     assert bodies == [b"the whole body"], "the short read was returned to the inbox, not handled"
