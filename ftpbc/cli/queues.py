@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ftpbc.cli import HelpGroup
-from ftpbc.cli.common import F, config_option, load, node_id_option
+from ftpbc.cli.common import F, config_option, json_option, load, node_id_option
 
 if TYPE_CHECKING:
     from ftpbc.client import Client
@@ -31,10 +31,6 @@ BROWSE_COLUMNS = ("id", "mtime", "size", "headers")
 def _selector_option(f: F) -> F:
     return click.option("--selector", default=None, metavar="EXPR",
                         help="Act only on the messages this JMS selector selects (docs/queues.md).")(f)
-
-
-def _json_option(f: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(f)
 
 
 @contextmanager
@@ -84,7 +80,7 @@ def dlq() -> None:
 
 
 def _dlq_command(f: F) -> F:
-    f = _json_option(f)
+    f = json_option(f)
     f = _selector_option(f)
     f = click.argument("endpoint")(f)
     f = node_id_option(f)
@@ -205,7 +201,7 @@ def dlq_purge(config_path: str, node_id: str | None, endpoint: str, selector: st
 @click.option("--limit", type=click.IntRange(min=0), default=None, metavar="N",
               help="Show the first N messages (in delivery order) only.")
 @click.option("--bodies", is_flag=True, help="Read and show each message's body (one download each).")
-@_json_option
+@json_option
 def browse(config_path: str, node_id: str | None, endpoint: str, selector: str | None, limit: int | None,
            bodies: bool, as_json: bool) -> None:
     """List the messages waiting in ENDPOINT's inbox in delivery order (higher priority first, then
