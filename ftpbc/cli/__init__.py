@@ -117,7 +117,7 @@ def _format_of_a_parse_error() -> None:
 def discard_failed_start() -> None:
     """Remove the journal directories this command made and wrote no record to (see
     :func:`ftpbc.journal.discard_unused_made`): a start that failed leaves no node id behind
-    for ``ftpbc journal``, ``recover`` and ``status`` to list.  A directory that was there
+    for ``ftpbc journal`` and ``ftpbc recover`` to list.  A directory that was there
     before the command is never touched."""
     from ftpbc.journal import discard_unused_made
 

@@ -899,7 +899,7 @@ def discard_unused_made() -> list[Path]:
 
     For a start that failed (``ftpbc serve`` interrupted before it served, a command that
     ended in an error): the directory it made would otherwise turn up among the node ids
-    ``ftpbc journal``, ``recover`` and ``status`` know.  Not called when a node or a client
+    ``ftpbc journal`` and ``ftpbc recover`` know.  Not called when a node or a client
     closes normally: a node that served nothing keeps its directory.
 
     A node directory is kept when a :class:`Journal` of this process still holds it, another
