@@ -78,12 +78,16 @@ def _node_main(spec: dict[str, Any], endpoints: dict[str, Any], mode: str, topic
     cpu_at_go = link.ready()
     node.start()
     link.stop.wait()
+    # read before stop, which closes the journals (a journal opened again counts from 0)
+    fsyncs = sum(node.runtime.journal.endpoint(name).fsyncs for name in endpoints)
     node.stop(drain_timeout=5)
     link.report(cpu_at_go, {"lost_races": sum(p.stats.lost_races for p in node.providers.values()),
                             "polls": sum(p.stats.polls for p in node.providers.values()),
                             **{k: round(sum(getattr(p.stats, k) for p in node.providers.values()), 3)
                                for k in LOCK_COUNTERS},
-                            "copies": sum(getattr(p, "copies", 0) for p in node.providers.values())})
+                            "copies": sum(getattr(p, "copies", 0) for p in node.providers.values()),
+                            # the journal's group commit at work: fsyncs of this node's journals
+                            "journal_fsyncs": fsyncs})
 
 
 def _nodes(spec: dict[str, Any], count: int, endpoints: dict[str, Any], mode: str,
@@ -218,7 +222,10 @@ def reqresp(spec: dict[str, Any]) -> dict[str, Any]:
     ms = [x * 1000 for x in latencies]
     return {"rate": done[0] / elapsed, "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99),
             "requests": done[0], "coordination": where,
-            "node_cpu_ms_per_msg": per_message_ms(stats, sum(s["handled"] for s in stats))}
+            "node_cpu_ms_per_msg": per_message_ms(stats, sum(s["handled"] for s in stats)),
+            # every node counts the messages of the whole group in "handled"
+            "journal_fsyncs_per_msg": (sum(s["journal_fsyncs"] for s in stats) / stats[0]["handled"]
+                                       if stats and stats[0]["handled"] else None)}
 
 
 def idle(spec: dict[str, Any]) -> dict[str, Any]:

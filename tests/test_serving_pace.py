@@ -6,6 +6,10 @@
   is committed before its record is durable.
 * One fsync covers every record written before it began (the journal's group commit), also
   records written without waiting (``record_many(durable=False)``, then ``wait_durable``).
+* Under request/response load on several workers, served records written while an fsync runs
+  share the next one: fewer fsyncs of the node's journal than requests answered.
+
+One server (pyftpdlib) is enough: what is tested is the node's journal, above the transport.
 """
 
 from __future__ import annotations
@@ -108,3 +112,69 @@ def test_one_fsync_covers_the_records_written_before_it(tmp_path: Path,
         assert sorted(op.op_id for op in ep.pending()) == ["u0.serve", "u1.serve", "u2.serve"]
     finally:
         journal.close()
+
+
+
+#: workers of the node in the next test, and requests each caller makes
+WORKERS = 5
+REQUESTS_EACH = 3
+
+
+def test_the_served_records_of_concurrent_workers_share_fsyncs(
+        pyftpdlib_server: ServerHandle, tmp_path: Path, things: list[Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten callers keep a five-worker node busy.  The first fsync of the node's journal is held
+    (as a slow disk holds it) until two more workers have written their served records: the next
+    fsync makes both durable at once.  Every request is answered with its own body, and the
+    node's journal took fewer fsyncs than it wrote served records (each of which is durable
+    before its reply is staged)."""
+    server = pyftpdlib_server
+    repo = f"{server.fresh_dir()}/ep"
+    endpoint = {"ep": {"repository": repo, "poll_interval": 0.02, "workers": WORKERS}}
+    node = Node(in_process_config(server, tmp_path, "prov", endpoint),
+                handlers={"ep": lambda m: bytes(m.body)})
+    things.append(node)
+    client = Client(in_process_config(server, tmp_path, "cli", endpoint), connections=2 * WORKERS + 1)
+    things.append(client)
+    journal = node.runtime.journal.endpoint("ep")
+    real_fsync = os.fsync
+    held = [False]
+
+    def served_waiting() -> int:
+        return sum(1 for op in journal.pending() if "served" in op.events)
+
+    def fsync(fd: int) -> None:
+        if not held[0] and os.fstat(fd).st_ino == journal.path.stat().st_ino:
+            held[0] = True
+            wait_until(lambda: served_waiting() >= 3, timeout=30, what="two more served records")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    node.start()
+    fsyncs_before = journal.fsyncs
+    bodies = [f"request {i}".encode() for i in range(2 * WORKERS * REQUESTS_EACH)]
+    replies: dict[bytes, bytes] = {}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def caller(mine: list[bytes]) -> None:
+        for body in mine:
+            try:
+                reply = client.request("ep", body, timeout=60)
+            except BaseException as exc:
+                with lock:
+                    errors.append(exc)
+                return
+            with lock:
+                replies[body] = reply
+
+    callers = [threading.Thread(target=caller, args=(bodies[k::2 * WORKERS],)) for k in range(2 * WORKERS)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in callers)
+    assert errors == [] and replies == {b: b for b in bodies}
+    assert held[0]
+    fsyncs = journal.fsyncs - fsyncs_before
+    assert 0 < fsyncs < len(bodies), f"{fsyncs} fsyncs for {len(bodies)} served records"
