@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 
 from ftpbc.client import Client
+from ftpbc.cluster.coordination import Peers, StateDirCoordination
+from ftpbc.cluster.heartbeat import Heartbeat, Serves
 from ftpbc.model.message import Message
 from ftpbc.node.provider import Provider
 from ftpbc.node.serve import Node
@@ -36,6 +38,61 @@ WORKERS = 4
 LISTINGS_PER_MESSAGE = 0.1
 #: claim races lost per message served: nodes that split the box rarely go for the same file
 LOST_PER_MESSAGE = 0.5
+
+
+def _beat(state: Path, node_id: str, serves: Serves | None, *, age: float = 0.0) -> None:
+    beat = Heartbeat(state, node_id, 1.0)
+    beat.serves = serves
+    beat.beat()
+    if age:
+        when = beat.path.stat().st_mtime - age
+        os.utime(beat.path, (when, when))
+
+
+def test_live_nodes_serving_a_box_split_it_into_disjoint_parts_that_cover_it(tmp_path: Path) -> None:
+    """Which nodes share a box comes from their live heartbeats (dead nodes, clients and nodes
+    serving something else are not counted), and the parts every node computes from that are
+    disjoint and cover every name, whatever the name holds."""
+    state = tmp_path / "state"
+    _beat(state, "node-a", Serves(("ep",), ()))
+    _beat(state, "node-b", Serves(("ep",), ()))
+    _beat(state, "node-c", Serves(("ep", "other"), ("t",)))
+    _beat(state, "node-d", Serves(("ep",), ()), age=120)  # dead: older than the lease
+    _beat(state, "node-e", Serves(("other",), ()))
+    _beat(state, "cli.client1", None)
+    names = [f"msg.{uuid.uuid4()}" for _ in range(300)] + ["req.é;p=9", "x\udcff", ""]
+    owners: Counter[str] = Counter()
+    for me in ("node-a", "node-b", "node-c"):
+        coordination = StateDirCoordination(state, me, 60.0, local_sequences=tmp_path / me)
+        peers = Peers(coordination, refresh=60.0)
+        assert peers.serving("ep") == ("node-a", "node-b", "node-c")
+        assert peers.serving("transfer:t") == tuple(sorted({"node-c", me}))
+        assert peers.serving("nobody") == (me,)
+        share = peers.share("ep")
+        assert share.refresh() == 3
+        mine = [name for name in names if share.mine(name)]
+        assert len(mine) > 50, f"{me}: {len(mine)} of {len(names)}"
+        owners.update(mine)
+    assert set(owners) == set(names)
+    assert set(owners.values()) == {1}, "a name in two parts"
+
+
+def test_a_node_that_stops_serving_leaves_the_split_at_the_next_read(tmp_path: Path) -> None:
+    """The heartbeats are read once per refresh, not per poll; the next read after a node's
+    heartbeat is gone (a clean stop) gives its part to the others."""
+    state = tmp_path / "state"
+    _beat(state, "node-b", Serves(("ep",), ()))
+    now = [0.0]
+    peers = Peers(StateDirCoordination(state, "node-a", 60.0, local_sequences=tmp_path / "a"),
+                  refresh=5.0, clock=lambda: now[0])
+    share = peers.share("ep")
+    assert share.refresh() == 2
+    (state / "heartbeats" / "node-b").unlink()
+    now[0] = 4.9
+    assert share.refresh() == 2  # not read again yet
+    now[0] = 5.0
+    assert share.refresh() == 1
+    assert all(share.mine(f"msg.{i}") for i in range(50))
 
 
 class Served:
