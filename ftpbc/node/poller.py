@@ -181,20 +181,27 @@ class Poller:
             return unlocked
         fail_point("poll-lock")
         with self.poll_lock.attempt() as held:
-            if not held:
-                self.stats.add(lock_busy=1)
-                return -1
-            began = time.monotonic()
-            try:
-                return self._poll_locked(free)
-            finally:
-                self.stats.add(polls=1, lock_held_s=time.monotonic() - began)
+            if held:
+                began = time.monotonic()
+                try:
+                    return self._poll_locked(free)
+                finally:
+                    self.stats.add(polls=1, lock_held_s=time.monotonic() - began)
+        # Out of the attempt: its thread lock, when it was had, is released by now.
+        self.stats.add(lock_busy=1)
+        return self._poll_busy(free)
 
     def _poll_unlocked(self, free: int) -> int | None:
         """Before the poll lock is tried: take up to ``free`` items that need no lock and
         return their count as :meth:`poll_once` does; None: this poll takes the lock (the
         default)."""
         return None
+
+    def _poll_busy(self, free: int) -> int:
+        """The poll lock was busy: what this poll claims without it all the same (items that
+        need no lock), as :meth:`poll_once` counts; -1 (the default): nothing, the lock was
+        busy."""
+        return -1
 
     def _poll_locked(self, free: int) -> int:
         """Under the poll lock: take up to ``free`` items and :meth:`_dispatch` them."""

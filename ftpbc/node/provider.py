@@ -114,6 +114,22 @@ class Provider(Poller):
         self._resplit()
         if not self._mine or self.lister.stale():
             return None
+        return self._claim_mine(free)
+
+    def _poll_busy(self, free: int) -> int:
+        """The poll lock is held by another node (listing, most likely): a listing due here
+        waits for the next turn, and meanwhile this node goes on with its own part of what it
+        remembers, as :meth:`_poll_unlocked` would."""
+        if self.in_place or self.share is None or not self._mine:
+            return -1
+        found = self._claim_mine(free)
+        if found is None:
+            return -1
+        self.stats.add(polls=1)
+        return found
+
+    def _claim_mine(self, free: int) -> int | None:
+        """Claim from this node's part, unless another part holds a better priority (None)."""
         mine, theirs = self._mine, self._backlog
         if theirs and theirs[0].envelope.headers.priority > mine[0].envelope.headers.priority:
             return None
