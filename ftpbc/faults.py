@@ -46,6 +46,9 @@ POINTS = (
     # a topic's fan-out (docs/topics.md): its copies named, every copy staged, the commit record,
     # the first copy out
     "fanout.after-intent", "fanout.after-stage", "fanout.after-commit-record", "fanout.after-first-expose",
+    # a reason file (a failed, refused, expired or dead-lettered message's): uploaded to its
+    # stage name, not yet renamed beside the message
+    "reason.after-stage",
 )
 
 _targets: dict[str, int] = {}

@@ -25,6 +25,8 @@ Names
                       ``.reason`` beside it (UTF-8 text: the handler's exception).  Expired
                       messages (``inexpired``) and dead letters (``indead``) are named alike.
     displaced file    ``<name>~<utc-timestamp>`` in the protect directory.
+    staged reason     ``reason.<digest>~<node-id>`` in ``instage`` while a reason file is
+                      uploaded, then renamed beside its message (:func:`staged_reason_name`)
 
 Why the node id travels in the name
     A claim, a stage upload and an archive entry all say who made them, on the server itself.
@@ -35,6 +37,7 @@ Why the node id travels in the name
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
@@ -50,6 +53,8 @@ CLAIM_SEPARATOR = "~"
 #: between a staged reply's node and its size (``resp.<uuid>~node-a=17``); never in a node id
 SIZE_SEPARATOR = "="
 REASON_SUFFIX = ".reason"
+#: the start of a staged reason file's name (:func:`staged_reason_name`)
+STAGED_REASON_PREFIX = "reason."
 ERROR_REPLY_SUFFIX = ".error"
 
 
@@ -155,3 +160,22 @@ def split_stage(staged: str) -> tuple[str, str | None, int | None]:
     if not size.isdigit() or len(size) > 15:
         return name, node, None  # not one of ours: never taken for complete
     return name, node, int(size)
+
+
+def staged_reason_name(reason_path: str, node_id: str) -> str:
+    """Name under which ``node_id`` uploads the reason file ``reason_path`` before renaming it
+    into place: ``reason.<digest>~<node-id>``.
+
+    The same path always gives the same name, so a retry (recovery) replaces what an earlier
+    attempt left rather than adding a file; the digest keeps the name short whatever the reason
+    path's length (a filed name already uses most of the server's limit), and carries no message
+    id, so nothing that looks for a message by its id or name mistakes it for one.  The node id
+    at its end is what lets the orphan search and the sweeper remove one a crash left."""
+    digest = hashlib.sha256(reason_path.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return check_name(f"{STAGED_REASON_PREFIX}{digest}{CLAIM_SEPARATOR}{node_id}")
+
+
+def is_staged_reason(name: str) -> bool:
+    """Whether a stage directory's entry ``name`` is a staged reason (of any node)."""
+    base, owner = split_claim(name)
+    return owner is not None and base.startswith(STAGED_REASON_PREFIX)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import heapq
-import io
 import logging
 import re
 import threading
@@ -50,6 +49,7 @@ from ftpbc.exchange.steps import (
     op_id_for,
     rename_resolving,
     run_once,
+    write_reason,
 )
 from ftpbc.faults import crash_point
 from ftpbc.journal import Operation
@@ -252,8 +252,7 @@ class InboundSteps(SettlementSteps):
             log.warning("%s: %r is %s: refused, filed in %s without being opened or followed",
                         self.name, src, r.kind, layout.error)
             try:
-                t.put(target + REASON_SUFFIX,
-                      io.BytesIO(reason.encode("utf-8", "backslashreplace") + b"\n"))
+                write_reason(t, target, reason, stage=layout.reason_stage, node_id=self.node_id)
             except TransportError as exc:
                 log.warning("%s: %s: could not write its reason file: %s", self.name, target, exc)
 

@@ -154,6 +154,10 @@ class Layout(ABC):
     stages: tuple[str, ...] = ()
     #: staging directories whose files of this node are orphans once its journal is replayed
     orphan_stages: tuple[str, ...] = ()
+    #: where reason files are uploaded before their rename beside a filed message: a directory
+    #: on the server of ``error`` (and of the expired and dead directories) that no listing
+    #: takes messages or reasons from (:func:`~ftpbc.exchange.steps.write_reason`)
+    reason_stage: str = "/"
     #: seconds a file's size and time must stay unchanged before it is claimed (0: at once)
     stable_for: float = 0.0
     #: seconds a file's listed modification time must lie in the past before it is claimed
@@ -494,6 +498,9 @@ class AreaLayout(Layout):
         self.stages = (self.area.dir(direction, "stage"),)
         # A staged response is never an orphan: its served record is fsynced before the upload.
         self.orphan_stages = self.stages if direction == "in" else ()
+        # Both directions stage reasons in instage: the inbound sweeper and orphan search,
+        # which remove a dead node's (or this node's orphaned) staged files, look there only.
+        self.reason_stage = self.area.dir("in", "stage")
         self.archive_dir = self.area.dir(direction, "archive")
         self.protect_dir = self.area.dir(direction, "protect")
         self.expired_dir = self.area.dir(direction, "expired")
@@ -685,12 +692,17 @@ class PartnerLayout(Layout):
         self.protect_dir = join(sdir, ".ftpbc-protect")
         self.stages = (self.stage_dir,) if config.stage and config.send_to is not None else ()
         self.orphan_stages = self.stages
+        # Beside the error directory, so on its server and (file://) its file system: the
+        # rename into it never crosses devices.  A partner's directory may hold subdirectories,
+        # so listing the receive directory passes over it.
+        self.reason_stage = join(posixpath.dirname(self.error.rstrip("/")) or "/", ".ftpbc-stage")
         self._made: set[str] = set()
         self._made_lock = threading.Lock()
 
     def prepare(self, transport: Transport) -> None:
         if self.receive_dir is not None:
-            for d in (self.receive_dir, self.error, *((self.select,) if self.select else ())):
+            for d in (self.receive_dir, self.error, self.reason_stage,
+                      *((self.select,) if self.select else ())):
                 transport.mkdir(d)
 
     def ensure_dir(self, transport: Transport, path: str) -> None:

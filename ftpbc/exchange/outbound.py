@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from ftpbc.errors import NotFound, OutcomeUnknown, QueueFull, SourceGone, TransportError
-from ftpbc.exchange.area import REASON_SUFFIX, split_stage
+from ftpbc.exchange.area import split_stage
 from ftpbc.exchange.bounds import READ_MARGIN, BoundedSink, body_length, check_body
 from ftpbc.exchange.layout import AreaLayout, Outbound
-from ftpbc.exchange.steps import HOOKS, Claimed, Steps, rename_resolving
+from ftpbc.exchange.steps import HOOKS, Claimed, Steps, rename_resolving, write_reason
 from ftpbc.faults import crash_point
 from ftpbc.model.envelope import EXPIRED_TYPE
 from ftpbc.transport.base import Transport
@@ -157,7 +157,8 @@ class OutboundSteps(Steps):
             if self.filed_dead(where):
                 self.observer.dead_lettered()
             try:
-                self.transport.put(where + REASON_SUFFIX, io.BytesIO(reason.encode("utf-8") + b"\n"))
+                write_reason(self.transport, where, reason, stage=self.layout.reason_stage,
+                             node_id=self.node_id)
             except TransportError as exc:
                 # The message is filed: failing the send now would have it sent again.
                 log.warning("%s: %s: could not write its reason file: %s", self.name, where, exc)

@@ -33,17 +33,17 @@ record) is logged and left pending for the next run; it never stops the others.
 
 from __future__ import annotations
 
-import io
 import logging
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 from ftpbc.errors import FtpbcError, NotFound, SourceGone
-from ftpbc.exchange.area import REASON_SUFFIX, split_claim
+from ftpbc.exchange.area import is_staged_reason, split_claim
 from ftpbc.exchange.layout import Outbound
 from ftpbc.exchange.lifecycle import Lifecycle
 from ftpbc.exchange.route import ROUTED, recover_route
+from ftpbc.exchange.steps import write_reason
 from ftpbc.faults import crash_point
 from ftpbc.journal import Operation
 from ftpbc.transport.base import Transport
@@ -137,10 +137,12 @@ def _recover_op(lc: Lifecycle, op: Operation, transports: Callable[[str], Transp
             outcome = f"rolled forward: in place at {lc.expose(out, staged=True, body=None)}"
         elif t.exists(out.where):
             outcome = "already exposed"
-            if "reason" in f and not t.exists(out.where + REASON_SUFFIX):
-                # a send filed as a dead letter (an overflow) whose reason file a crash cut off
-                t.put(out.where + REASON_SUFFIX, io.BytesIO(f["reason"].encode("utf-8") + b"\n"))
-                outcome += ", its reason file written"
+            if "reason" in f:
+                # a send filed as a dead letter (an overflow) whose reason file a crash may have
+                # cut off: written unless a whole one is there
+                write_reason(t, out.where, f["reason"], stage=lc.layout.reason_stage, node_id=lc.node_id,
+                             keep_whole=True)
+                outcome += ", its reason file in place"
         else:
             outcome = "already exposed and taken"
         lc.journal.end(op.op_id)
@@ -174,7 +176,10 @@ def recover_orphans(lc: Lifecycle) -> list[Action]:
     they announced still say who made them.  Run after the journal's own operations are done,
     so any such file left now that no operation still pending names is an orphan: a staged
     message is rolled back, a claim is returned to its box.  A staged reply is never an orphan
-    (its ``served`` record is fsynced before the upload) and is left alone.
+    (its ``served`` record is fsynced before the upload) and is left alone.  A staged reason file
+    of this node's (:func:`~ftpbc.exchange.steps.write_reason`) is removed: an operation still
+    pending writes its reason again, and one filed without an operation (a refused entry) keeps
+    its message without a reason rather than a partial one.
     """
     actions = []
     t, layout = lc.transport, lc.layout
@@ -183,6 +188,8 @@ def recover_orphans(lc: Lifecycle) -> list[Action]:
     accounted = {v for op in lc.journal.pending() for v in op.fields.values()}
     dirs = [("select", layout.select)] if layout.select else []
     dirs += [("stage", d) for d in layout.orphan_stages]
+    if layout.reason_stage not in layout.orphan_stages:
+        dirs.append(("reason", layout.reason_stage))
     for kind, directory in dirs:
         try:
             entries = t.list(directory)
@@ -205,6 +212,10 @@ def recover_orphans(lc: Lifecycle) -> list[Action]:
 def _orphan(lc: Lifecycle, kind: str, directory: str, claimed: str) -> Action | None:
     t, layout = lc.transport, lc.layout
     name, owner = split_claim(claimed)
+    if kind != "select" and is_staged_reason(claimed):
+        kind = "reason"
+    elif kind == "reason":
+        return None  # a reason stage shared with other files (a transfer's send stage)
     if kind == "stage" and owner is not None and owner != lc.node_id:
         name, owner = split_claim(name)  # a partner's stage name: <target>~<node>~<op>
     if owner != lc.node_id:
@@ -223,5 +234,6 @@ def _orphan(lc: Lifecycle, kind: str, directory: str, claimed: str) -> Action | 
             t.delete(path)
         except NotFound:
             return None
-        outcome = "orphan staged message rolled back"
+        outcome = ("orphan staged reason file removed" if kind == "reason"
+                   else "orphan staged message rolled back")
     return Action(layout.key, claimed, "orphan", outcome)

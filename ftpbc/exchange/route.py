@@ -37,16 +37,16 @@ was committed).
 
 from __future__ import annotations
 
-import io
 import logging
+import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
 from ftpbc.errors import ConfigError, NotFound, SourceGone
-from ftpbc.exchange.area import REASON_SUFFIX
 from ftpbc.exchange.layout import Commit
 from ftpbc.exchange.lifecycle import Claimed, Lifecycle, rename_resolving
+from ftpbc.exchange.steps import write_reason
 from ftpbc.faults import crash_point
 from ftpbc.journal import Operation
 from ftpbc.transport.base import Transport
@@ -127,9 +127,9 @@ def finish(lc: Lifecycle, op_id: str, fields: dict[str, str], transport: Transpo
         outcome = f"had been delivered to {d.label or d.target}"
     crash_point("route.after-expose")
     if d.reason is not None:
-        reason_path = d.target + REASON_SUFFIX
-        if not transport.exists(reason_path):
-            transport.put(reason_path, io.BytesIO(d.reason.encode("utf-8") + b"\n"))
+        # staged beside the message's own stage file; keep_whole: recovery runs this again
+        write_reason(transport, d.target, d.reason, stage=posixpath.dirname(d.stage), node_id=lc.node_id,
+                     keep_whole=True)
     claim, commit = fields["claim"], fields["commit"]
     if lc._commit(claim, commit):
         crash_point("route.after-commit")

@@ -29,6 +29,7 @@ from ftpbc.exchange.steps import (
     message_id_of,
     rename_resolving,
     run_once,
+    write_reason,
 )
 from ftpbc.faults import crash_point
 from ftpbc.model.envelope import EXPIRED_TYPE
@@ -157,9 +158,9 @@ class SettlementSteps(OutboundSteps):
                 staged = self._stage_for_adoption(stage, f)
             return self._lost(op_id, stage if staged else None)
         if "reason" in f and commit:
-            reason_path = commit + REASON_SUFFIX
-            if not t.exists(reason_path):
-                t.put(reason_path, io.BytesIO(f["reason"].encode("utf-8") + b"\n"))
+            # keep_whole: this runs again after a crash (recovery), when one may be in place
+            write_reason(t, commit, f["reason"], stage=self.layout.reason_stage, node_id=self.node_id,
+                         keep_whole=True)
         if f.get("marker"):
             self._consume_marker(f["marker"])
         if out is not None:

@@ -11,6 +11,8 @@ reading), and :class:`~ftpbc.exchange.lifecycle.Lifecycle` on top, the one class
 
 from __future__ import annotations
 
+import io
+import posixpath
 import threading
 import uuid as uuidlib
 from collections.abc import Callable
@@ -18,12 +20,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol, TypeVar
 
-from ftpbc.errors import FtpbcError, OutcomeUnknown
-from ftpbc.exchange.area import archive_name
+from ftpbc.errors import FtpbcError, NotFound, OutcomeUnknown
+from ftpbc.exchange.area import REASON_SUFFIX, archive_name, staged_reason_name
 from ftpbc.exchange.bounds import DEFAULT_MAX_MESSAGE_BYTES
 from ftpbc.exchange.capacity import Capacity
 from ftpbc.exchange.layout import Candidate, Layout
 from ftpbc.exchange.policy import DEFAULT_POLICY, QueuePolicy
+from ftpbc.faults import crash_point
 from ftpbc.journal import EndpointJournal
 from ftpbc.metrics import NULL_OBSERVER, EndpointObserver
 from ftpbc.transport.base import Transport
@@ -34,6 +37,8 @@ T = TypeVar("T")
 UNKNOWN_SIZE = -1
 #: names a node holds back after a failed delivery, at most (the oldest holds are dropped)
 MAX_HELD = 100_000
+#: bytes of a reason file at most (a handler's exception text can be of any length)
+MAX_REASON_BYTES = 64 * 1024
 #: message ids a node remembers having settled (served, filed), to recognise a duplicate; the
 #: oldest are forgotten past this many
 REMEMBERED_IDS = 10_000
@@ -157,6 +162,53 @@ def rename_resolving(transport: Transport, src: str, dst: str) -> None:
     except OutcomeUnknown:
         if transport.exists(src):
             transport.rename(src, dst)
+
+
+def reason_bytes(text: str) -> bytes:
+    """A reason file's content: ``text`` in UTF-8 (what cannot be encoded backslash-escaped),
+    cut to :data:`MAX_REASON_BYTES`, and a newline."""
+    data = text.encode("utf-8", "backslashreplace")
+    if len(data) >= MAX_REASON_BYTES:
+        data = data[:MAX_REASON_BYTES - 1].decode("utf-8", "ignore").encode("utf-8")
+    return data + b"\n"
+
+
+def write_reason(transport: Transport, filed: str, text: str, *, stage: str, node_id: str,
+                 keep_whole: bool = False) -> str:
+    """Write ``text`` as the reason file of the filed message ``filed`` (``<filed>.reason``);
+    return the reason file's path.  The one writer of reason files.
+
+    Guaranteed: the reason file appears whole or not at all.  It is uploaded to ``stage`` (a
+    directory on the same server that no listing takes messages or reasons from; the layout's
+    :attr:`~ftpbc.exchange.layout.Layout.reason_stage`) under
+    :func:`~ftpbc.exchange.area.staged_reason_name`, then renamed into place, and a rename
+    replaces in one step (:mod:`ftpbc.transport.base`).  A crash between the two leaves the staged
+    file only: a retry of the same reason replaces it (its name is fixed by the path), and the
+    orphan search (this node, at its start) or the sweeper (a dead node's) removes one nobody
+    retries.  With ``keep_whole`` (a retry, recovery) an existing reason of exactly the expected
+    size is kept, and any other (empty or cut off: left by a release that wrote in place) is
+    replaced.  Not guaranteed: that the reason is there at all when this raises (a
+    TransportError: the caller decides whether the filing stands without it).
+    """
+    path = filed + REASON_SUFFIX
+    data = reason_bytes(text)
+    if keep_whole:
+        try:
+            if transport.stat(path).size == len(data):
+                return path
+        except NotFound:
+            pass
+    staged = f"{stage.rstrip('/')}/{staged_reason_name(path, node_id)}"
+    try:
+        transport.put(staged, io.BytesIO(data))
+    except NotFound:
+        # The stage directory was removed (or never made, a layout prepared by an older
+        # release): make it and try once more.
+        transport.mkdir(posixpath.dirname(staged))
+        transport.put(staged, io.BytesIO(data))
+    crash_point("reason.after-stage")
+    rename_resolving(transport, staged, path)
+    return path
 
 
 class Hooks:

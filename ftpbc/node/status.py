@@ -21,7 +21,14 @@ from ftpbc.cluster.factory import open_coordination
 from ftpbc.cluster.heartbeat import HeartbeatInfo, read_heartbeats
 from ftpbc.config.models import Config
 from ftpbc.errors import FtpbcError, NotFound
-from ftpbc.exchange.area import KINDS, REASON_SUFFIX, ExchangeArea, parse_archive_name, split_claim
+from ftpbc.exchange.area import (
+    KINDS,
+    REASON_SUFFIX,
+    ExchangeArea,
+    is_staged_reason,
+    parse_archive_name,
+    split_claim,
+)
 from ftpbc.node.route_status import RouteStatus, render_routes, route_statuses
 from ftpbc.transport import Transport, open_transport
 from ftpbc.transport.base import Entry
@@ -151,7 +158,9 @@ def endpoint_status(name: str, config: Config, transport: Transport, *,
         for kind in KINDS:
             directory = f"{direction}{kind}"
             entries = _files(transport, area.dir(direction, kind))
-            entries = [e for e in entries if not e.name.endswith(REASON_SUFFIX)]
+            # reasons are no messages, nor a reason being uploaded (in instage, a moment)
+            entries = [e for e in entries if not e.name.endswith(REASON_SUFFIX)
+                       and not (kind == "stage" and is_staged_reason(e.name))]
             status.depth[directory] = len(entries)
             if directory in WAITING:
                 timed = [(e.mtime, e.name) for e in entries if e.mtime is not None]
