@@ -140,9 +140,9 @@ def _recover_op(lc: Lifecycle, op: Operation, transports: Callable[[str], Transp
             if "reason" in f:
                 # a send filed as a dead letter (an overflow) whose reason file a crash may have
                 # cut off: written unless a whole one is there
-                write_reason(t, out.where, f["reason"], stage=lc.layout.reason_stage, node_id=lc.node_id,
-                             keep_whole=True)
-                outcome += ", its reason file in place"
+                written = write_reason(t, out.where, f["reason"], stage=lc.layout.reason_stage,
+                                       node_id=lc.node_id, keep_whole=True)
+                outcome += ", its reason file written" if written else ", its reason file whole already"
         else:
             outcome = "already exposed and taken"
         lc.journal.end(op.op_id)

@@ -174,9 +174,9 @@ def reason_bytes(text: str) -> bytes:
 
 
 def write_reason(transport: Transport, filed: str, text: str, *, stage: str, node_id: str,
-                 keep_whole: bool = False) -> str:
+                 keep_whole: bool = False) -> bool:
     """Write ``text`` as the reason file of the filed message ``filed`` (``<filed>.reason``);
-    return the reason file's path.  The one writer of reason files.
+    return whether it was written (False: a whole one was kept).  The one writer of reason files.
 
     Guaranteed: the reason file appears whole or not at all.  It is uploaded to ``stage`` (a
     directory on the same server that no listing takes messages or reasons from; the layout's
@@ -195,7 +195,7 @@ def write_reason(transport: Transport, filed: str, text: str, *, stage: str, nod
     if keep_whole:
         try:
             if transport.stat(path).size == len(data):
-                return path
+                return False
         except NotFound:
             pass
     staged = f"{stage.rstrip('/')}/{staged_reason_name(path, node_id)}"
@@ -208,7 +208,7 @@ def write_reason(transport: Transport, filed: str, text: str, *, stage: str, nod
         transport.put(staged, io.BytesIO(data))
     crash_point("reason.after-stage")
     rename_resolving(transport, staged, path)
-    return path
+    return True
 
 
 class Hooks:
