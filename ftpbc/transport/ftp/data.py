@@ -231,13 +231,13 @@ class Transfers:
         host, port = self.passive(s)
         conn = dial(s.family, host, port, ftp.timeout)
         try:
-            if self.context is not None:
+            if self.context is not None or early or not command.startswith("STOR "):
                 # TLS writes its handshake and, after the data, its close_notify as small
                 # records of their own: Nagle's algorithm would hold each behind the server's
-                # delayed ACK.  A plain data connection is left to Nagle: its data goes out in
-                # full segments (one per write's tail otherwise, a wake-up of the server each,
-                # a slower large upload: docs/benchmarks.md, "Tenth pass"), and the close
-                # that ends a STOR sends what is left at once.
+                # delayed ACK.  A plain upload streamed in chunks is left to Nagle: its data
+                # goes out in full segments (one per write's tail otherwise, a wake-up of the
+                # server each, a slower large upload: docs/benchmarks.md, "Tenth pass"), and
+                # the close that ends the STOR sends what is left at once.
                 nodelay(conn)
             ftp.putcmd(command)
             if progress is not None:
