@@ -170,3 +170,12 @@ def test_a_staged_reason_nobody_accounts_for_is_removed_at_start(cluster: Cluste
     finally:
         assert node.stop() == 0
     assert cluster.files("inerror") == []
+
+
+def test_a_reason_of_any_length_is_cut_to_the_bound_as_valid_utf8() -> None:
+    """A handler's exception text can be of any length and any characters: its reason file is
+    at most MAX_REASON_BYTES, valid UTF-8, and ends with a newline."""
+    data = reason_bytes("é" * MAX_REASON_BYTES + "\udcff")
+    assert len(data) <= MAX_REASON_BYTES and data.endswith(b"\n")
+    assert data.decode("utf-8").rstrip("\n") == "é" * ((MAX_REASON_BYTES - 1) // 2)
+    assert reason_bytes("bad \udcff byte") == b"bad \\udcff byte\n"
