@@ -80,7 +80,8 @@ def test_check_creates_missing_directories_then_finds_them(tmp_path: Path, serve
     assert first.returncode == 0, first.stdout + first.stderr
     n = len(ExchangeArea("/").all_dirs())
     assert f"ok, {n} dirs ({n} created)" in first.stdout
-    assert "ok, 7 dirs (7 created)" in first.stdout  # in, select, error, archive, out, stage, protect
+    # in, select, error, its reason stage, archive, out, stage, protect
+    assert "ok, 8 dirs (8 created)" in first.stdout
     assert "examples.handlers:quote: ok" in first.stdout
     assert "- (client only)" in first.stdout
     assert "state_dir    " in first.stdout and "ok (created)" in first.stdout
@@ -90,7 +91,8 @@ def test_check_creates_missing_directories_then_finds_them(tmp_path: Path, serve
         # every probe file is gone again
         assert {p.name for p in server.local(repo).iterdir()} == exchange_dir_names(repo)
     partner = server.local(f"{base}/partner")
-    assert {p.name for p in (partner / "in").iterdir()} == {".ftpbc-select", ".ftpbc-error", ".ftpbc-archive"}
+    assert {p.name for p in (partner / "in").iterdir()} == {".ftpbc-select", ".ftpbc-error", ".ftpbc-stage",
+                                                          ".ftpbc-archive"}
     assert {p.name for p in (partner / "out").iterdir()} == {".ftpbc-stage", ".ftpbc-protect"}
     assert probes_under(server.local(base)) == []
     for local in ("state", "journals"):
@@ -103,7 +105,7 @@ def test_check_creates_missing_directories_then_finds_them(tmp_path: Path, serve
     again = run_ftpbc("check", "-c", str(path), env=env)
     assert again.returncode == 0, again.stderr
     assert "created" not in again.stdout
-    assert again.stdout.count(f"ok, {n} dirs") == 2 and "ok, 7 dirs" in again.stdout
+    assert again.stdout.count(f"ok, {n} dirs") == 2 and "ok, 8 dirs" in again.stdout
     assert probes_under(server.local(base)) == []
     if server.password:
         assert server.password not in first.stdout + first.stderr + again.stdout + again.stderr

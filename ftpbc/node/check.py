@@ -415,7 +415,8 @@ def transfer_dirs(name: str, tc: TransferConfig, config: Config) -> list[str]:
     layout = PartnerLayout(name, tc, SequenceStore(state, state))
     dirs: list[str] = []
     if layout.receive_dir is not None:
-        dirs += [layout.receive_dir, *([layout.select] if layout.select else []), layout.error]
+        dirs += [layout.receive_dir, *([layout.select] if layout.select else []), layout.error,
+                 layout.reason_stage]
         if tc.post_receive == "rename" and tc.post_receive_to is None:
             dirs.append(layout.archive_dir)
     if layout.send_dir is not None:
