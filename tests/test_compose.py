@@ -11,6 +11,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import click
+import jsonschema
 import pytest
 import yaml
 
@@ -104,6 +105,22 @@ def test_compose_parses_and_declares_an_ftp_server_and_two_nodes() -> None:
     # the monitoring services' images come from a registry: only with --profile monitoring
     for name in MONITORING:
         assert svc[name]["profiles"] == ["monitoring"], name
+
+
+def test_compose_file_is_valid_under_the_compose_specification() -> None:
+    """``docker compose`` and podman-compose both read the Compose Specification; its JSON
+    schema (tests/data/compose-spec.json, from the compose-spec project, Apache-2.0) refuses
+    unknown keys and wrong types, so a file ``docker compose`` would reject fails here, with no
+    Docker daemon needed.  tests/test_image.py runs the file under podman-compose."""
+    schema = json.loads((REPO / "tests" / "data" / "compose-spec.json").read_text(encoding="utf-8"))
+    validator = jsonschema.Draft201909Validator(schema)
+    problems = [f"{'/'.join(map(str, e.path)) or '(top)'}: {e.message}"
+                for e in validator.iter_errors(compose())]
+    assert problems == []
+    # the check bites: a misspelt key is refused
+    misspelt = compose()
+    misspelt["services"]["node-a"]["helthcheck"] = {}
+    assert any("helthcheck" in e.message for e in validator.iter_errors(misspelt))
 
 
 def test_every_mounted_repository_path_exists() -> None:
