@@ -19,6 +19,9 @@ What a fault does (:class:`LinkFault`, set per route at run time)
     and, with probability ``reset_p`` per chunk, a connection given up on: both of its sockets are
     reset (RST, ``SO_LINGER`` 0), as a peer whose retransmissions ran out would.  A chunk is
     whatever one read returned (up to 64 KiB), so a command and its reply are one chunk each.
+    ``hold`` seconds more before a control reply that starts with one of ``held_replies``
+    (vsftpd's ``226 Transfer complete``: the server has the whole file, the client does not know
+    it yet); nothing else is slowed.
 
 A partition is not the relay's: :func:`set_link` takes a host's ``eth0`` down in its namespace.
 Its packets then go nowhere, in either direction: established connections hang until a timeout
@@ -68,6 +71,9 @@ class LinkFault:
     stall_min: float = 0.2
     stall_max: float = 1.0
     reset_p: float = 0.0
+    #: control replies held ``hold`` seconds more: those starting with one of these
+    held_replies: tuple[str, ...] = ()
+    hold: float = 0.0
 
     def describe(self) -> str:
         return (f"delay {self.delay * 1000:.0f}+{self.jitter * 1000:.0f} ms, stalls {self.stall_p:.1%} "
@@ -174,9 +180,18 @@ class _Pair:
                 if not cut:
                     continue
                 data, pending = await self._rewrite(pending[:cut]), pending[cut:]
+                await self._hold(data)
             await self.route.hop(len(data))
             writer.write(data)
             await writer.drain()
+
+    async def _hold(self, block: bytes) -> None:
+        """A control reply the route's fault holds (``held_replies``) waits ``hold`` seconds."""
+        f = self.route.fault
+        if f.hold > 0 and any(line.startswith(r.encode()) for r in f.held_replies
+                              for line in block.splitlines()):
+            self.route.counters.delayed_s += f.hold
+            await asyncio.sleep(f.hold)
 
     async def _rewrite(self, block: bytes) -> bytes:
         out = []
@@ -263,7 +278,9 @@ async def _relay_main(listen: str, upstream: tuple[str, int], routes: list[str],
         if cmd.get("stats"):
             reply: dict[str, Any] = {"stats": {n: asdict(r.counters) for n, r in table.items()}}
         else:
-            table[cmd["route"]].fault = LinkFault(**cmd["fault"]) if cmd["fault"] else LinkFault()
+            fault = cmd["fault"]
+            table[cmd["route"]].fault = (LinkFault(**{**fault, "held_replies": tuple(fault["held_replies"])})
+                                         if fault else LinkFault())
             reply = {"ok": cmd["route"]}
         print(json.dumps(reply), flush=True)
 

@@ -168,9 +168,12 @@ NODE_LINK = LinkFault(delay=0.03, jitter=0.05, stall_p=0.03, stall_min=0.2, stal
 SERVER_LINK = LinkFault(delay=0.02, jitter=0.03, stall_p=0.02, stall_min=0.2, stall_max=1.0, reset_p=0.002)
 
 
-#: an aimed fault's node link while it waits for its moment: every reply reaches the node this
-#: much after the server sent it, so the fault lands before the node reads it
-AIM_DELAY = LinkFault(delay=0.05)
+#: an aimed fault's node link while it waits for its moment: a completed transfer's ``226``
+#: reaches the node this much after the server sent it, so the fault lands before the node reads
+#: it.  Only that reply: a node whose every reply is slowed loses every poll lock race to the
+#: others (a lock is taken by a rename, two commands, which the others complete in between), so
+#: it claims nothing, uploads nothing, and the fault never finds its moment.
+AIM_HOLD = LinkFault(held_replies=("226 Transfer complete",), hold=0.3)
 #: how long an aimed fault waits for its moment before it strikes anyway
 AIM_TIMEOUT = 20.0
 
@@ -179,10 +182,10 @@ class Faults:
     """The faults, one call each: inject, hold, heal.  Knows the nodes, their hosts, the relay and
     the server (and its log, where an aimed fault finds its moment).
 
-    A kind ending in ``-after-upload`` is aimed: the node's link is slowed (AIM_DELAY), and the
-    fault strikes as soon as the server logs a whole response upload by that node, so before the
-    node has read the server's ``226`` and renamed its claim to the archive: its result is on the
-    server, and it is cut off before committing it.
+    A kind ending in ``-after-upload`` is aimed: the ``226`` replies to the node's transfers are
+    held back (AIM_HOLD), and the fault strikes as soon as the server logs a whole response
+    upload by that node, so before the node has read that ``226`` and renamed its claim to the
+    archive: its result is on the server, and it is cut off before committing it.
     """
 
     def __init__(self, nodes: dict[str, NodeProcess], netns: dict[str, str], relay: RelayProcess,
@@ -223,7 +226,7 @@ class Faults:
         note = ""
         if kind.endswith("-after-upload"):
             kind = kind.removesuffix("-after-upload")
-            self.relay.set_fault(target, AIM_DELAY)
+            self.relay.set_fault(target, AIM_HOLD)
             try:
                 note = self._upload_by(target)
                 self._strike(kind, target)

@@ -91,8 +91,52 @@ def test_a_node_that_stops_serving_leaves_the_split_at_the_next_read(tmp_path: P
     now[0] = 4.9
     assert share.refresh() == 2  # not read again yet
     now[0] = 5.0
-    assert share.refresh() == 1
+    # read again, in the background: the answer changes once that read is done
+    wait_until(lambda: share.refresh() == 1, what="the split without node-b")
     assert all(share.mine(f"msg.{i}") for i in range(50))
+
+
+class _GatedCoordination(StateDirCoordination):
+    """Heartbeats read only once ``gate`` opens (a slow server), after the first read."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.reads = 0
+        #: reads after the first made on the thread that asked (the poller's, here the test's)
+        self.on_caller = 0
+
+    def heartbeats(self) -> Any:
+        self.reads += 1
+        if self.reads > 1:
+            if threading.current_thread() is threading.main_thread():
+                self.on_caller += 1
+            else:
+                self.gate.wait(30)
+        return super().heartbeats()
+
+
+def test_a_slow_heartbeat_read_never_holds_up_a_poller(tmp_path: Path) -> None:
+    """A poller asks who shares its box while it holds the poll lock, which every node waits
+    on: after the first read, it gets the last answer at once while the next read, however
+    slow, runs on a thread of its own, and only one such read runs at a time."""
+    state = tmp_path / "state"
+    _beat(state, "node-b", Serves(("ep",), ()))
+    now = [0.0]
+    coordination = _GatedCoordination(state, "node-a", 60.0, local_sequences=tmp_path / "a")
+    share = Peers(coordination, refresh=1.0, clock=lambda: now[0]).share("ep")
+    assert share.refresh() == 2
+    _beat(state, "node-c", Serves(("ep",), ()))
+    now[0] = 1.0
+    try:
+        for _ in range(5):  # the read is due; it waits on the gate, the answers do not
+            assert share.refresh() == 2
+        wait_until(lambda: coordination.reads == 2, what="the background read to begin")
+        assert share.refresh() == 2 and coordination.reads == 2  # one read at a time
+    finally:
+        coordination.gate.set()
+    wait_until(lambda: share.refresh() == 3, what="the background read's answer")
+    assert coordination.on_caller == 0
 
 
 class Served:

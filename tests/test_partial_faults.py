@@ -196,6 +196,15 @@ def test_the_relay_forwards_commands_and_both_passive_modes_and_injects_its_faul
         began = time.monotonic()
         ftp.voidcmd("NOOP")
         assert time.monotonic() - began >= 0.2  # the command and its reply each waited 0.1 s
+        # A held reply: only the transfer's completion waits, the commands around it do not.
+        relay.set_fault("r", LinkFault(held_replies=("226 ",), hold=0.2))
+        held_before = relay.stats()["r"]["delayed_s"]
+        ftp.voidcmd("NOOP")
+        assert relay.stats()["r"]["delayed_s"] == held_before
+        began = time.monotonic()
+        ftp.storbinary(f"STOR {base}/held", io.BytesIO(b"x"))
+        assert time.monotonic() - began >= 0.2
+        assert relay.stats()["r"]["delayed_s"] == pytest.approx(held_before + 0.2)
         relay.set_fault("r", LinkFault(reset_p=1.0))
         with pytest.raises((OSError, EOFError, ftplib.Error)):
             ftp.voidcmd("NOOP")

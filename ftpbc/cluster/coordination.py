@@ -127,6 +127,12 @@ class Peers:
     seconds for every provider of this process, so that nodes sharing a box can each take a part
     of it (:class:`Share`).
 
+    Only the first read is made by the caller; after it, the heartbeats are read again on a
+    thread of their own (one at a time), and :meth:`serving` answers at once from the last
+    read.  A poller asks while it holds the poll lock, which every node waits on: reading a
+    dozen heartbeat files (clients beat too) over a slow link there held the lock, and so the
+    whole cluster, for seconds at a time.
+
     Not guaranteed: agreement.  Nodes read the heartbeats at different moments; a node that just
     started or died is counted by some and not others for up to ``refresh`` (and a dead one until
     its lease ends).  Parts then overlap or leave a gap, which costs lost claim races or a part
@@ -142,6 +148,9 @@ class Peers:
         self._clock = clock
         self._lock = threading.Lock()
         self._due = float("-inf")
+        #: a read has been made (the first, by a caller), and one is under way in the background
+        self._read_once = False
+        self._reading = False
         #: (endpoint or ``transfer:<name>``) -> live node ids serving it, sorted
         self._serving: dict[str, tuple[str, ...]] = {}
         self._failed: str | None = None
@@ -153,11 +162,24 @@ class Peers:
     def serving(self, key: str) -> tuple[str, ...]:
         """The live nodes serving ``key`` (this node always among them), sorted by id."""
         with self._lock:
-            now = self._clock()
-            if now >= self._due:
-                self._due = now + self._refresh
+            if not self._read_once:
                 self._read()
+                self._read_once = True
+                self._due = self._clock() + self._refresh
+            elif not self._reading and self._clock() >= self._due:
+                self._reading = True
+                threading.Thread(target=self._read_in_background, name="ftpbc-peers", daemon=True).start()
             return self._serving.get(key, (self.node_id,))
+
+    def _read_in_background(self) -> None:
+        try:
+            self._read()
+        finally:
+            # Due again ``refresh`` after this read ended, not after it began: a read slower
+            # than ``refresh`` would otherwise be followed by the next at once, for ever.
+            with self._lock:
+                self._due = self._clock() + self._refresh
+                self._reading = False
 
     def _read(self) -> None:
         try:
