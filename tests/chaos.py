@@ -569,8 +569,8 @@ def client_loop(cluster: Cluster, client_id: str, bodies: Iterator[bytes], ledge
                         continue  # never exposed: a new request is no duplicate
                     with ledger.lock:
                         ledger.indeterminate[uid] = body
-                    # "already exposed and taken" is also what a send whose upload never
-                    # started looks like: wait less; the checker tells the two apart on the server.
+                    # "already exposed and taken, or never uploaded" may be a send whose upload
+                    # never started: wait less; the checker tells the two apart on the server.
                     indeterminate_wait = (collect_timeout if outcome == "already exposed"
                                           else min(collect_timeout, INDETERMINATE_WAIT))
                 else:

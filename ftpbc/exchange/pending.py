@@ -144,7 +144,8 @@ def _recover_op(lc: Lifecycle, op: Operation, transports: Callable[[str], Transp
                                        node_id=lc.node_id, keep_whole=True)
                 outcome += ", its reason file written" if written else ", its reason file whole already"
         else:
-            outcome = "already exposed and taken"
+            # Nothing records that the upload began, so a send cut off before it looks the same.
+            outcome = "already exposed and taken, or never uploaded (neither staged nor in place)"
         lc.journal.end(op.op_id)
         return outcome
     if op.kind == "replay":
