@@ -22,14 +22,16 @@ import json
 import os
 import signal
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.support import free_port, wait_until
+from tests.support import free_port
 
 LOOPBACK = "127.0.0.1"
 #: a cold JVM start on a shared two-core machine takes 5-15 s; registering, one more second
@@ -96,20 +98,26 @@ def _end(proc: subprocess.Popen[bytes]) -> None:
         return
 
 
-@pytest.fixture(scope="module")
-def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    workdir = tmp_path_factory.mktemp("spark-cluster")
-    decoy = workdir / "decoy-bin"
-    decoy.mkdir()
-    for name in ("python3", "python"):
-        (decoy / name).write_text(_DECOY)
-        (decoy / name).chmod(0o755)
+@contextmanager
+def running_spark_cluster(workdir: Path, *, workers: int = 2, memory: str = "1g",
+                          decoy: bool = True) -> Iterator[SparkCluster]:
+    """A master and ``workers`` one-core workers of ``memory`` each, registered (RuntimeError if
+    not within START_TIMEOUT, or if a daemon exits); every process ended on the way out.  With
+    ``decoy``, the workers' PATH leads to a ``python3`` that fails (module docstring)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = os.environ.get("PATH", "")
+    if decoy:
+        bin_dir = workdir / "decoy-bin"
+        bin_dir.mkdir(exist_ok=True)
+        for name in ("python3", "python"):
+            (bin_dir / name).write_text(_DECOY)
+            (bin_dir / name).chmod(0o755)
+        path = os.pathsep.join((str(bin_dir), path))
     home = spark_home()
     base_env = {k: v for k, v in os.environ.items()
                 if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_CONF_DIR")}
     env = {**base_env, "SPARK_HOME": home, "SPARK_LOCAL_IP": LOOPBACK, "SPARK_LOG_DIR": str(workdir),
-           "SPARK_WORKER_DIR": str(workdir / "work"), "SPARK_NO_DAEMONIZE": "1",
-           "PATH": os.pathsep.join((str(decoy), base_env.get("PATH", "")))}
+           "SPARK_WORKER_DIR": str(workdir / "work"), "SPARK_NO_DAEMONIZE": "1", "PATH": path}
     spark_class = os.path.join(home, "bin", "spark-class")
     port, web = free_port(), free_port()
     cluster = SparkCluster(f"spark://{LOOPBACK}:{port}", f"http://{LOOPBACK}:{web}", workdir)
@@ -118,21 +126,27 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
         procs.append(_start([spark_class, "org.apache.spark.deploy.master.Master", "--host", LOOPBACK,
                              "--port", str(port), "--webui-port", str(web)],
                             workdir / "master.log", env, workdir))
-        for i in (1, 2):
+        for i in range(1, workers + 1):
             procs.append(_start([spark_class, "org.apache.spark.deploy.worker.Worker", cluster.master_url,
-                                 "--cores", "1", "--memory", "1g", "--host", LOOPBACK,
+                                 "--cores", "1", "--memory", memory, "--host", LOOPBACK,
                                  "--webui-port", str(free_port()), "--work-dir", str(workdir / f"work-{i}")],
                                 workdir / f"worker-{i}.log", env, workdir))
-
-        def registered() -> bool:
+        deadline = time.monotonic() + START_TIMEOUT
+        while cluster.alive_workers() != workers:
             dead = [p.args for p in procs if p.poll() is not None]
             if dead:
-                pytest.fail(f"a Spark daemon exited: {dead}\n{cluster.logs()}")
-            return cluster.alive_workers() == 2
-
-        wait_until(registered, timeout=START_TIMEOUT, interval=0.5, what="two Spark workers registered")
+                raise RuntimeError(f"a Spark daemon exited: {dead}\n{cluster.logs()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{workers} Spark worker(s) not registered within {START_TIMEOUT:g} s\n"
+                                   f"{cluster.logs()}")
+            time.sleep(0.5)  # polling the master's status page, within the deadline above
         yield cluster
     finally:
         for p in reversed(procs):
             _end(p)
 
+
+@pytest.fixture(scope="module")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    with running_spark_cluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
+        yield cluster
