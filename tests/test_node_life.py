@@ -39,9 +39,44 @@ from tests.support import free_port, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 FTPBC = [sys.executable, "-c", "from ftpbc.cli import main; main()"]
+#: ftpbc started with SIGINT ignored, as a non-interactive shell starts its background jobs
+FTPBC_INT_IGNORED = [sys.executable, "-c",
+                     "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                     "os.execv(sys.executable, [sys.executable, '-c', 'from ftpbc.cli import main; main()', "
+                     "*sys.argv[1:]])"]
 #: how long one ftpbc command may take, start-up included: seconds idle, but tens of seconds on
 #: a 2-core machine loaded to 12 (each command imports ftpbc afresh); it only catches hangs
 COMMAND_DEADLINE = 120
+
+
+def _stuck(proc: subprocess.Popen[bytes]) -> str:
+    """What a command that did not end was doing: its signal masks and, where py-spy is
+    installed, its threads' stacks (then it is killed)."""
+    try:
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        sigs = " ".join(line for line in status.splitlines()
+                        if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    except OSError:
+        sigs = "no /proc status"
+    try:
+        stack = subprocess.run(["py-spy", "dump", "--pid", str(proc.pid)], capture_output=True, text=True,
+                               timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        stack = f"no stack: {exc}"
+    proc.kill()
+    proc.wait(timeout=10)
+    return f"pid {proc.pid} did not end: {sigs}\n{stack}"
+
+
+def _run_command(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    """``subprocess.run(argv, capture_output=True)`` within COMMAND_DEADLINE; on a hang the
+    failure says what the command was doing."""
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=COMMAND_DEADLINE)
+    except subprocess.TimeoutExpired:
+        pytest.fail(_stuck(proc))
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def _echo(message: Message) -> bytes:
@@ -338,18 +373,22 @@ def test_serve_waits_for_an_unreachable_server_and_serves_once_it_is_up(tmp_path
 
 def test_an_interrupted_request_is_withdrawn(pyftpdlib_server: ServerHandle, tmp_path: Path) -> None:
     """Ctrl-C (SIGINT) or SIGTERM on ``ftpbc request`` with no provider: the request leaves the
-    inbox before the command exits, as a timeout's does."""
+    inbox before the command exits, as a timeout's does.  Also when the command was started with
+    SIGINT ignored (a background job of a script: Python then installs no handler of its own)."""
     cluster = make_cluster(tmp_path / "w", url=pyftpdlib_server.url, password=pyftpdlib_server.password,
                            options=pyftpdlib_server.options, repository=pyftpdlib_server.fresh_dir(),
                            server_root=pyftpdlib_server.root)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        proc = subprocess.Popen([*FTPBC, "request", "-c", str(cluster.config), "echo", "--data", "q",
+    for sig, start in ((signal.SIGINT, FTPBC), (signal.SIGTERM, FTPBC), (signal.SIGINT, FTPBC_INT_IGNORED)):
+        proc = subprocess.Popen([*start, "request", "-c", str(cluster.config), "echo", "--data", "q",
                                  "--timeout", "600"], cwd=REPO, env=cluster.env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
         try:
             wait_until(lambda: len(cluster.files("inbox")) == 1, timeout=COMMAND_DEADLINE, what="the request")
             proc.send_signal(sig)
-            _, err = proc.communicate(timeout=COMMAND_DEADLINE)
+            try:
+                _, err = proc.communicate(timeout=COMMAND_DEADLINE)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{sig!r}: " + _stuck(proc))
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -370,9 +409,8 @@ def test_a_request_interrupted_while_it_is_sent_is_withdrawn(pyftpdlib_server: S
                            options=pyftpdlib_server.options, repository=pyftpdlib_server.fresh_dir(),
                            server_root=pyftpdlib_server.root)
     env = cluster.env(FTPBC_CRASH_AT=point, FTPBC_CRASH_SIGNAL=sig)
-    done = subprocess.run([*FTPBC, "request", "-c", str(cluster.config), "echo", "--data", "q",
-                           "--timeout", "600"], cwd=REPO, env=env, capture_output=True,
-                          timeout=COMMAND_DEADLINE)
+    done = _run_command([*FTPBC, "request", "-c", str(cluster.config), "echo", "--data", "q",
+                         "--timeout", "600"], env)
     assert done.returncode == 130, done.stderr.decode()
     assert b"withdrawn" in done.stderr
     assert cluster.files("inbox") == []

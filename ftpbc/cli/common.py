@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -125,3 +127,17 @@ def read_body(data: str | None, file: str | None, stdin: bool) -> bytes:
         except OSError as exc:
             raise click.BadParameter(f"{file}: {exc.strerror}", param_hint="--file") from None
     return sys.stdin.buffer.read()
+
+
+def interrupt_on_signals() -> None:
+    """From here on SIGTERM and SIGINT both raise KeyboardInterrupt, so the command ends as on
+    Ctrl-C (a request withdrawn, a message in hand given back).  SIGINT is set too, not left to
+    Python: a command started by a parent that ignores SIGINT (a background job of a script, some
+    supervisors) inherits it ignored, and Python then never raises KeyboardInterrupt on it: the
+    command would wait on, its request in the inbox.  ``ftpbc serve`` handles both the same way."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from ftpbc.cli.common import F, config_option, load, node_id_option, read_body, say
+from ftpbc.cli.common import F, config_option, interrupt_on_signals, load, node_id_option, read_body, say
 from ftpbc.cli.options import message_options, options_dict
 from ftpbc.errors import FtpbcError, QueueFull, RemoteHandlerError, RequestExpired, RequestTimeout
 
@@ -82,7 +80,7 @@ def request(config_path: str, node_id: str | None, endpoint: str, data: str | No
     body = read_body(data, file, stdin == "-")
     options = options_dict(ttl, properties, headers)
     # SIGTERM ends the wait like Ctrl-C does, so the request is withdrawn before exiting.
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupt_on_signals()
     with Client.with_identity(load(config_path), node_id) as client, failures_exit():
         try:
             answer = client.request(endpoint, body, timeout=timeout, **options)
@@ -116,6 +114,3 @@ def send(config_path: str, node_id: str | None, endpoint: str, data: str | None,
     options = options_dict(ttl, properties, headers)
     post_one_way(config_path, node_id, lambda client: client.send(endpoint, body, **options))
 
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from ftpbc.cli.common import config_option, json_option, node_id_option, say
+from ftpbc.cli.common import config_option, interrupt_on_signals, json_option, node_id_option, say
 from ftpbc.cli.queues import _body_json, _client, _selector, _selector_option
 
 if TYPE_CHECKING:
@@ -42,7 +40,7 @@ def receive(config_path: str, node_id: str | None, endpoint: str, selector: str 
     """
     sel = _selector(selector)
     # SIGTERM ends the wait like Ctrl-C does, so the message in hand goes back at once.
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupt_on_signals()
     received = 0
     with _client(config_path, node_id) as client:
         wait = client.config.endpoint(endpoint).timeout if timeout is None else timeout
@@ -79,6 +77,3 @@ def _print(d: Delivery, as_json: bool) -> None:
     # Out of this process before the ack: an ack must never come before the message is delivered.
     out.flush()
 
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
