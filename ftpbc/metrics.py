@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -319,6 +320,16 @@ class BoundedHTTPServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._finished(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver's default prints a traceback to stderr.  A client that hangs up or stalls
+        # mid-request (a scraper's timeout, a probe that only connects) is normal here and worth
+        # a debug line; anything else is a fault of ours and goes to the log with its traceback.
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            log.debug("HTTP client %s went away: %s", client_address, error)
+        else:
+            log.warning("HTTP request from %s failed", client_address, exc_info=True)
 
     def request_arrived(self, request: Any) -> None:
         """The handler read the request on ``request``: it no longer counts as waiting."""

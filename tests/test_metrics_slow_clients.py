@@ -4,8 +4,10 @@ and ``/metrics`` keep answering meanwhile.  Every socket a test opens it closes.
 
 from __future__ import annotations
 
+import logging
 import select
 import socket
+import struct
 import threading
 import time
 import urllib.request
@@ -15,6 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from ftpbc.metrics import HTTP_MAX_CONNECTIONS, HttpServer, serve_http
+from tests.support import wait_until
 
 
 @pytest.fixture
@@ -142,4 +145,30 @@ def test_when_every_slot_is_answering_a_new_connection_gets_503(sockets: list[so
         assert get(http, "/healthz") == (200, b"ok\n")
     finally:
         release.set()
+        http.close()
+
+
+def test_a_client_that_resets_mid_request_costs_a_debug_line_not_a_traceback(
+        registry: CollectorRegistry, sockets: list[socket.socket], capfd: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A scraper that gives up (its timeout) resets the connection while the server reads the
+    request: the server logs it at debug, prints nothing to stderr and goes on answering."""
+    http = serve_http(registry, name="metrics-reset")
+    try:
+        before = handler_threads()
+        caplog.set_level(logging.DEBUG, logger="ftpbc.metrics")
+        s = connect(http, sockets)
+        # The request line without the blank line that ends the headers: the handler is still
+        # reading when the reset arrives, so its read fails, whatever the threads' timing.
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        wait_until(lambda: handler_threads() > before, what="the handler thread to start")
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+        s.close()
+        wait_until(lambda: any("went away" in r.getMessage() for r in caplog.records),
+                   what="the reset to be logged")
+        wait_until(lambda: handler_threads() == before, what="the handler thread to end")
+        assert get(http, "/healthz") == (200, b"ok\n")
+        assert "Traceback" not in capfd.readouterr().err
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    finally:
         http.close()
