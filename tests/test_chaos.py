@@ -23,7 +23,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 @pytest.mark.parametrize("kind", ["pyftpdlib", "vsftpd"])
 def test_chaos(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     handle: ServerHandle = request.getfixturevalue(f"{kind}_server")

@@ -135,3 +135,29 @@ def test_a_returned_message_is_held_back_by_a_node_that_did_not_return_it(tmp_pa
         assert handled[0] - placed >= delay - 0.25, "served before its redelivery delay had passed"
     finally:
         srv.stop()
+
+
+def test_the_hold_of_a_message_returned_many_times_stops_growing_at_its_cap(tmp_path: Path) -> None:
+    """Delivery 40 would be held 2**39 s if the hold only doubled; ``max_redelivery_delay``
+    caps it, so a node still serves it once the cap has passed since it first listed it."""
+    (tmp_path / "root").mkdir()
+    srv = EmbeddedFTPServer(tmp_path / "root", password="pw").start()
+    try:
+        cap = 1.5
+        config = _config(srv.port, tmp_path, redelivery_delay=1.0, max_redelivery_delay=cap,
+                         max_deliveries=50)
+        handled: list[float] = []
+        node = Node(config.with_node_id("other"), handlers={"echo": lambda m: handled.append(time.monotonic())
+                                                             or b"ok"})
+        node.start()
+        try:
+            inbox = tmp_path / "root" / "ex" / "echo" / "inbox"
+            wait_until(inbox.exists, what="the inbox")
+            placed = time.monotonic()
+            (inbox / f"req.{uuid.uuid4()};n=40").write_bytes(b"came back forty times")
+            wait_until(lambda: handled, timeout=30, what="the returned message served")
+        finally:
+            assert node.stop() is True
+        assert handled[0] - placed >= cap - 0.25, "served before its capped hold had passed"
+    finally:
+        srv.stop()

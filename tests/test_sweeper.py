@@ -87,7 +87,8 @@ def test_dead_nodes_claim_is_returned_after_the_lease(cluster: Cluster, checker:
     assert cluster.files("inselect") == [f"req.{uid}~dead"]
     with _serving(cluster, "live") as live:
         assert checker.collect(ENDPOINT, uid, timeout=30) == b"re:orphan"
-        assert "returned req." in _log(live) and "claimed by dead node dead" in _log(live)
+        wait_until(lambda: "returned req." in _log(live) and "claimed by dead node dead" in _log(live),
+                   timeout=10, what="the node to log why it returned the claim")
     # A claim returned from a dead node counts as a delivery: the name carries the count.
     [archived] = cluster.files("inarchive")
     assert archived.startswith(f"req.{uid};n=1~live~")
@@ -136,7 +137,8 @@ def test_dead_nodes_committed_response_is_exposed(cluster: Cluster, checker: Cli
     assert cluster.files("outstage") == [f"resp.{uid}~dead={len(b're:committed')}"]
     with _serving(cluster, "live") as live:
         assert checker.collect(ENDPOINT, uid, timeout=30) == b"re:committed"
-        assert f"exposed resp.{uid} staged by dead node dead" in _log(live)
+        wait_until(lambda: f"exposed resp.{uid} staged by dead node dead" in _log(live), timeout=10,
+                   what="the node to log why it exposed the response")
     inv = read_invocations(cluster.handler_logs())
     assert inv.starts[uid] == 1, "the committed result is delivered, the handler not run again"
     [archived] = cluster.files("inarchive")
@@ -153,7 +155,9 @@ def test_uncommitted_staged_response_of_a_dead_node_is_removed(cluster: Cluster,
         torn = cluster.local("outstage", f"resp.{uid}~ghost")
         torn.write_bytes(b"re:re")
         wait_until(lambda: not torn.exists(), timeout=30, what="the sweeper to deal with the torn reply")
-        assert "staged by dead node ghost, which never committed its request" in _log(live)
+        # The node logs after it removed the file: wait for the line, do not race its write.
+        wait_until(lambda: "staged by dead node ghost, which never committed its request" in _log(live),
+                   timeout=10, what="the node to log why it removed the torn reply")
     assert cluster.files("outbox") == []
     responses = [n for n in cluster.files("outarchive") if n.startswith(f"resp.{uid}")]
     assert len(responses) == 1 and responses[0].startswith(f"resp.{uid}~checker~")

@@ -77,6 +77,8 @@ class AreaSettings(BaseModel):
     max_deliveries: int = Field(default=5, ge=1, le=1000)
     #: seconds a node waits before claiming a returned message again (doubling per delivery)
     redelivery_delay: float = Field(default=1.0, ge=0)
+    #: the longest that wait grows to, seconds
+    max_redelivery_delay: float = Field(default=300.0, ge=0)
     #: how long a request waits for its response, seconds
     timeout: float = Field(default=30.0, gt=0)
     #: priority of messages sent without one, 0 (lowest) to 9 (highest)

@@ -269,6 +269,8 @@ class TransferConfig(_Frozen):
     done_file: str | None = None
     max_deliveries: int = Field(default=5, ge=1, le=1000)
     redelivery_delay: float = Field(default=1.0, ge=0)
+    #: the longest that wait grows to (doubling per delivery), seconds
+    max_redelivery_delay: float = Field(default=300.0, ge=0)
     poll_interval: float = Field(default=1.0, gt=0)
     max_per_poll: int = Field(default=32, ge=1)
     #: as an endpoint's (a receive_from directory this large is listed a part at a time)

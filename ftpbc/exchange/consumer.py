@@ -14,7 +14,8 @@ ack
     :meth:`Lifecycle.finish_served`, the code nodes and recovery run).
 nack(requeue=True)
     :meth:`Lifecycle.redeliver`: back to the inbox with its delivery count raised, held back
-    from this client for ``redelivery_delay`` (doubling with each delivery); at
+    from this client for ``redelivery_delay`` (doubling with each delivery, up to
+    ``max_redelivery_delay``); at
     ``max_deliveries`` filed in ``inerror`` (``indead`` with ``dead_letter: true``).
 nack(requeue=False)
     :meth:`Lifecycle.file_error`: filed at once, in ``indead`` with ``dead_letter: true`` or

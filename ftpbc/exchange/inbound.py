@@ -212,7 +212,7 @@ class InboundSteps(SettlementSteps):
 
     def _hold(self, returned: Sequence[Candidate], now: float) -> None:
         """Hold back messages that came back to the box (their names carry a delivery count)
-        for ``redelivery_delay`` doubled per delivery, counted from now: the node that
+        for :meth:`redelivery_hold`, counted from now: the node that
         returned a message holds it from the moment it did, and every other node from the
         moment it first lists it, so no node hands a failing message round the cluster at
         once."""
@@ -221,7 +221,7 @@ class InboundSteps(SettlementSteps):
                 self._held.clear()
             for c in returned:
                 count = c.envelope.headers.delivery_count
-                self._held[c.name] = now + self.redelivery_delay * (2 ** min(count - 1, 16))
+                self._held[c.name] = now + self.redelivery_hold(count)
 
     def _file_refused(self, refused: Sequence[Refused]) -> None:
         """File what a listing refused (a link, a fifo, a directory... planted in the box) in
@@ -581,7 +581,7 @@ class InboundSteps(SettlementSteps):
         if not in_place and retry(lambda: self._rename_back(claimed.path, layout.box_path(name))) is None:
             return UNFINISHED
         self.journal.end(claimed.op_id)
-        delay = self.redelivery_delay * (2 ** (count - 1))
+        delay = self.redelivery_hold(count)
         with self._lock:
             if len(self._held) >= MAX_HELD:
                 self._held.clear()

@@ -27,12 +27,12 @@ Delivery count and poison messages
     :meth:`Lifecycle.read_claim` is the one read-failure policy.  A claimed message that was read
     and found unusable (refused, short, longer than listed) goes back to its box with its
     delivery count raised in its name, and no node claims it again for ``redelivery_delay``
-    seconds (doubling with each delivery): every node holds a returned message back from the
-    moment it first lists it.  At ``max_deliveries`` it goes to the error directory with
-    ``<name>.reason`` beside it, and a requester gets an error reply at once.  A failure that
-    says nothing about the message (a dropped or dying session, a timeout, a server
-    restarting) is not a delivery: the read is tried again on a fresh session, with backoff,
-    and the claim goes back unchanged if the server stays away.  A handler's exception is its
+    seconds (doubling with each delivery, up to ``max_redelivery_delay``): every node holds a
+    returned message back from the moment it first lists it.  At ``max_deliveries`` it goes to
+    the error directory with ``<name>.reason`` beside it, and a requester gets an error reply at
+    once.  A failure that says nothing about the message (a dropped or dying session, a timeout,
+    a server restarting) is not a delivery: the read is tried again on a fresh session, with
+    backoff, and the claim goes back unchanged if the server stays away.  A handler's exception is its
     answer: the message goes to the error directory at once (a requester gets the error reply).
 
 Floors

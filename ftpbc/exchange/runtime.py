@@ -98,6 +98,7 @@ class Runtime:
                              self.transport(ep.server),
                              self.journal.endpoint(endpoint), self.node_id,
                              max_deliveries=ep.max_deliveries, redelivery_delay=ep.redelivery_delay,
+                             max_redelivery_delay=ep.max_redelivery_delay,
                              policy=QueuePolicy.of(ep, direction))
             made.prepare()
             return made
@@ -145,7 +146,8 @@ class Runtime:
             layout = PartnerLayout(name, tc, self.sequences)
             made = Lifecycle(layout, self.transport(tc.server), self.journal.endpoint(layout.key),
                              self.node_id, max_deliveries=tc.max_deliveries,
-                             redelivery_delay=tc.redelivery_delay)
+                             redelivery_delay=tc.redelivery_delay,
+                             max_redelivery_delay=tc.max_redelivery_delay)
             made.prepare()
             return made
 

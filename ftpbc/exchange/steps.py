@@ -244,7 +244,7 @@ class Steps:
     :class:`~ftpbc.exchange.lifecycle.Lifecycle` reads.  Thread-safe."""
 
     def __init__(self, layout: Layout, transport: Transport, journal: EndpointJournal, node_id: str, *,
-                 max_deliveries: int = 5, redelivery_delay: float = 1.0,
+                 max_deliveries: int = 5, redelivery_delay: float = 1.0, max_redelivery_delay: float = 300.0,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  policy: QueuePolicy = DEFAULT_POLICY) -> None:
         self.layout = layout
@@ -261,6 +261,7 @@ class Steps:
         self.node_id = node_id
         self.max_deliveries = max_deliveries
         self.redelivery_delay = redelivery_delay
+        self.max_redelivery_delay = max_redelivery_delay
         self.clock = clock
         self._prepared = False
         self._lock = threading.Lock()
@@ -280,6 +281,14 @@ class Steps:
     @property
     def name(self) -> str:
         return self.layout.display
+
+    def redelivery_hold(self, count: int) -> float:
+        """Seconds a message back in its box after delivery ``count`` is held: ``redelivery_delay``
+        doubled per delivery, at most ``max_redelivery_delay``.  Capped because every node holds a
+        message from its own first listing of it, a restarted one from scratch: an uncapped hold
+        of a message returned many times would outlast every node's uptime."""
+        doubled = self.redelivery_delay * 2.0 ** min(max(count - 1, 0), 60)
+        return float(min(self.max_redelivery_delay, doubled))
 
     @property
     def max_message_bytes(self) -> int:
