@@ -110,14 +110,13 @@ def test_a_request_filed_unread_answers_its_caller_at_once(claim_reads: ClaimRea
         assert _box(tmp_path, directory) == [], directory
 
 
-def test_a_returned_message_is_held_back_by_a_node_that_did_not_return_it(tmp_path: Path) -> None:
-    """A request found in the box with a delivery count (another node gave it back) waits
-    ``redelivery_delay`` from the moment this node first lists it."""
+def _wait_of_a_returned_request(tmp_path: Path, count: int, **endpoint: object) -> float:
+    """Seconds from writing ``req.<id>;n=<count>`` into the inbox of a serving node (one that
+    did not return it) until its handler runs."""
     (tmp_path / "root").mkdir()
     srv = EmbeddedFTPServer(tmp_path / "root", password="pw").start()
     try:
-        delay = 2.0
-        config = _config(srv.port, tmp_path, redelivery_delay=delay)
+        config = _config(srv.port, tmp_path, **endpoint)
         handled: list[float] = []
         node = Node(config.with_node_id("other"), handlers={"echo": lambda m: handled.append(time.monotonic())
                                                              or b"ok"})
@@ -126,38 +125,29 @@ def test_a_returned_message_is_held_back_by_a_node_that_did_not_return_it(tmp_pa
             inbox = tmp_path / "root" / "ex" / "echo" / "inbox"
             wait_until(inbox.exists, what="the inbox")
             placed = time.monotonic()
-            (inbox / f"req.{uuid.uuid4()};n=1").write_bytes(b"came back once")
+            (inbox / f"req.{uuid.uuid4()};n={count}").write_bytes(b"came back")
             wait_until(lambda: handled, timeout=30, what="the returned message served")
         finally:
             assert node.stop() is True
-        # The hold runs from the start of the listing that first saw the file, which may have
-        # begun a moment before the file was written; unheld, it is served within a few polls.
-        assert handled[0] - placed >= delay - 0.25, "served before its redelivery delay had passed"
+        return handled[0] - placed
     finally:
         srv.stop()
+
+
+def test_a_returned_message_is_held_back_by_a_node_that_did_not_return_it(tmp_path: Path) -> None:
+    """A request found in the box with a delivery count (another node gave it back) waits
+    ``redelivery_delay`` from the moment this node first lists it."""
+    delay = 2.0
+    waited = _wait_of_a_returned_request(tmp_path, 1, redelivery_delay=delay)
+    # The hold runs from the start of the listing that first saw the file, which may have
+    # begun a moment before the file was written; unheld, it is served within a few polls.
+    assert waited >= delay - 0.25, "served before its redelivery delay had passed"
 
 
 def test_the_hold_of_a_message_returned_many_times_stops_growing_at_its_cap(tmp_path: Path) -> None:
     """Delivery 40 would be held 2**39 s if the hold only doubled; ``max_redelivery_delay``
     caps it, so a node still serves it once the cap has passed since it first listed it."""
-    (tmp_path / "root").mkdir()
-    srv = EmbeddedFTPServer(tmp_path / "root", password="pw").start()
-    try:
-        cap = 1.5
-        config = _config(srv.port, tmp_path, redelivery_delay=1.0, max_redelivery_delay=cap,
-                         max_deliveries=50)
-        handled: list[float] = []
-        node = Node(config.with_node_id("other"), handlers={"echo": lambda m: handled.append(time.monotonic())
-                                                             or b"ok"})
-        node.start()
-        try:
-            inbox = tmp_path / "root" / "ex" / "echo" / "inbox"
-            wait_until(inbox.exists, what="the inbox")
-            placed = time.monotonic()
-            (inbox / f"req.{uuid.uuid4()};n=40").write_bytes(b"came back forty times")
-            wait_until(lambda: handled, timeout=30, what="the returned message served")
-        finally:
-            assert node.stop() is True
-        assert handled[0] - placed >= cap - 0.25, "served before its capped hold had passed"
-    finally:
-        srv.stop()
+    cap = 1.5
+    waited = _wait_of_a_returned_request(tmp_path, 40, redelivery_delay=1.0, max_redelivery_delay=cap,
+                                         max_deliveries=50)
+    assert waited >= cap - 0.25, "served before its capped hold had passed"
